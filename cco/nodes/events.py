@@ -1,0 +1,157 @@
+"""Inputs to and outputs of the sans-I/O role state machines, all in one place.
+
+Every role (rendezvous, aggregator, endpoint session) is driven the same way, as
+aioquic drives ``QuicConnection``:
+
+* ``machine.handle(event, now) -> list[Command]`` for each input below;
+* ``machine.next_deadline() -> float | None``: the earliest time at which the
+  machine wants ``handle(TimerFired(), now)``; ``None`` when it waits for nothing.
+
+The machines never open sockets, read a clock or sleep.  A *peer* is an opaque
+handle the I/O layer picks for one authenticated connection; the machine learns who
+is behind it from :class:`PeerConnected` and names it in the commands it returns.
+Inputs are named in the past tense (what happened); commands in the imperative.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
+
+from cco.wire.errors import CcoError, ErrorCode
+from cco.wire.messages import Address, Message
+from cco.wire.registries import Role
+
+if TYPE_CHECKING:
+    import numpy as np
+
+PeerId = str
+"""An opaque name for one connection, chosen by whoever created it."""
+
+
+# --- inputs ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PeerConnected:
+    """A connection completed TLS and the Hello exchange.
+
+    ``node_id`` and ``role`` are authenticated: the I/O layer checked them against
+    the peer's certificate before reporting the connection.
+    """
+
+    peer: PeerId
+    node_id: str
+    role: Role
+
+
+@dataclass(frozen=True, slots=True)
+class PeerDisconnected:
+    """A connection closed or was lost."""
+
+    peer: PeerId
+    code: ErrorCode
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class MessageReceived:
+    """A complete, decoded message arrived from ``peer``."""
+
+    peer: PeerId
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class MessageMalformed:
+    """Bytes from ``peer`` failed to decode; the machine decides what to tell it."""
+
+    peer: PeerId
+    error: CcoError
+
+
+@dataclass(frozen=True, slots=True)
+class TimerFired:
+    """Time has reached the machine's deadline; it processes everything due by ``now``."""
+
+
+Input = Union[PeerConnected, PeerDisconnected, MessageReceived, MessageMalformed, TimerFired]
+
+
+# --- commands ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SendMessage:
+    """Queue ``message`` on the connection to ``peer``."""
+
+    peer: PeerId
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectTo:
+    """Open a connection to ``address``; report it as ``peer`` in PeerConnected.
+
+    The I/O layer refuses the connection unless the certificate names
+    ``expected_node_id``.
+    """
+
+    peer: PeerId
+    address: Address
+    expected_node_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClosePeer:
+    """Close the connection to ``peer`` with an error code."""
+
+    peer: PeerId
+    code: ErrorCode
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Joined:
+    """Endpoint only: the group admitted this endpoint and assigned its rank."""
+
+    group_id: bytes
+    rank: int
+    world_size: int
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class OperationCompleted:
+    """Endpoint only: an operation finished and its result passed verification."""
+
+    op_id: int
+    result: np.ndarray | None  # None for barrier and for non-root ranks of reduce
+
+
+@dataclass(frozen=True, slots=True)
+class OperationFailed:
+    """Endpoint only: an operation cannot complete; ``error`` says why and who."""
+
+    op_id: int
+    error: CcoError
+
+
+Command = Union[SendMessage, ConnectTo, ClosePeer, Joined, OperationCompleted, OperationFailed]
+
+__all__ = [
+    "ClosePeer",
+    "Command",
+    "ConnectTo",
+    "Input",
+    "Joined",
+    "MessageMalformed",
+    "MessageReceived",
+    "OperationCompleted",
+    "OperationFailed",
+    "PeerConnected",
+    "PeerDisconnected",
+    "PeerId",
+    "SendMessage",
+    "TimerFired",
+]

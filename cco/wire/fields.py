@@ -1,0 +1,303 @@
+"""Declarative field types: how one message field maps to and from CBOR.
+
+Every message is a frozen dataclass whose fields are declared with :func:`wire`,
+naming the field's integer map key and its :class:`FieldType`.  The generic
+:class:`Struct` encoder and decoder walk those declarations, so each rule (a range,
+a length bound, an enum) is written once and enforced in both directions, and a
+decode error always names the message and field at fault.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from enum import IntEnum
+from typing import Any, ClassVar, Generic, TypeVar
+
+from cco.wire.cbor import CborValue
+from cco.wire.errors import CcoError, DecodeError, EncodeError, ErrorCode
+
+T = TypeVar("T")
+E = TypeVar("E", bound=IntEnum)
+S = TypeVar("S", bound="Struct")
+
+UINT64_MAX = (1 << 64) - 1
+
+
+class FieldType(Generic[T]):
+    """Converts one field between its Python value and its CBOR form."""
+
+    def to_cbor(self, value: T, where: str) -> CborValue:
+        raise NotImplementedError
+
+    def from_cbor(self, raw: CborValue, where: str) -> T:
+        raise NotImplementedError
+
+
+def _invalid(where: str, detail: str, encoding: bool) -> CcoError:
+    cls = EncodeError if encoding else DecodeError
+    return cls(ErrorCode.INVALID_FIELD, f"{where}: {detail}")
+
+
+class UInt(FieldType[int]):
+    """An unsigned integer in ``[minimum, maximum]``."""
+
+    def __init__(self, maximum: int = UINT64_MAX, minimum: int = 0) -> None:
+        self.minimum = minimum
+        self.maximum = maximum
+
+    def _check(self, value: object, where: str, encoding: bool) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _invalid(where, f"expected an integer, got {type(value).__name__}", encoding)
+        if not self.minimum <= value <= self.maximum:
+            raise _invalid(where, f"{value} is outside [{self.minimum}, {self.maximum}]", encoding)
+        return value
+
+    def to_cbor(self, value: int, where: str) -> CborValue:
+        return self._check(value, where, encoding=True)
+
+    def from_cbor(self, raw: CborValue, where: str) -> int:
+        return self._check(raw, where, encoding=False)
+
+
+class Int(UInt):
+    """A signed integer in ``[minimum, maximum]``."""
+
+    def __init__(self, minimum: int, maximum: int) -> None:
+        super().__init__(maximum=maximum, minimum=minimum)
+
+
+class Bytes(FieldType[bytes]):
+    """A byte string whose length lies in ``[min_len, max_len]``."""
+
+    def __init__(self, max_len: int, min_len: int = 0) -> None:
+        self.min_len = min_len
+        self.max_len = max_len
+
+    def _check(self, value: object, where: str, encoding: bool) -> bytes:
+        if not isinstance(value, bytes):
+            raise _invalid(where, f"expected a byte string, got {type(value).__name__}", encoding)
+        if not self.min_len <= len(value) <= self.max_len:
+            raise _invalid(
+                where, f"length {len(value)} is outside [{self.min_len}, {self.max_len}]", encoding
+            )
+        return value
+
+    def to_cbor(self, value: bytes, where: str) -> CborValue:
+        return self._check(value, where, encoding=True)
+
+    def from_cbor(self, raw: CborValue, where: str) -> bytes:
+        return self._check(raw, where, encoding=False)
+
+
+class Text(FieldType[str]):
+    """A UTF-8 text string of at most ``max_len`` bytes."""
+
+    def __init__(self, max_len: int, min_len: int = 0) -> None:
+        self.min_len = min_len
+        self.max_len = max_len
+
+    def _check(self, value: object, where: str, encoding: bool) -> str:
+        if not isinstance(value, str):
+            raise _invalid(where, f"expected a text string, got {type(value).__name__}", encoding)
+        size = len(value.encode("utf-8", "surrogatepass"))
+        if not self.min_len <= size <= self.max_len:
+            raise _invalid(
+                where, f"{size} bytes is outside [{self.min_len}, {self.max_len}]", encoding
+            )
+        return value
+
+    def to_cbor(self, value: str, where: str) -> CborValue:
+        return self._check(value, where, encoding=True)
+
+    def from_cbor(self, raw: CborValue, where: str) -> str:
+        return self._check(raw, where, encoding=False)
+
+
+class Bitmap(Bytes):
+    """A contributor bitmap: bit ``r % 8`` of byte ``r // 8`` is set for rank ``r``.
+
+    The deterministic form has no trailing zero byte; an empty bitmap is the empty
+    byte string.
+    """
+
+    def _check(self, value: object, where: str, encoding: bool) -> bytes:
+        checked = super()._check(value, where, encoding)
+        if checked and checked[-1] == 0:
+            raise _invalid(where, "bitmap has a trailing zero byte", encoding)
+        return checked
+
+
+class Enum(FieldType[E]):
+    """A registered code point from ``enum_type``; unknown values are invalid."""
+
+    def __init__(self, enum_type: type[E]) -> None:
+        self.enum_type = enum_type
+
+    def to_cbor(self, value: E, where: str) -> CborValue:
+        if not isinstance(value, self.enum_type):
+            raise _invalid(where, f"expected {self.enum_type.__name__}, got {value!r}", True)
+        return int(value)
+
+    def from_cbor(self, raw: CborValue, where: str) -> E:
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            raise _invalid(where, f"expected an integer code, got {type(raw).__name__}", False)
+        try:
+            return self.enum_type(raw)
+        except ValueError:
+            raise _invalid(
+                where, f"{raw} is not a registered {self.enum_type.__name__}", False
+            ) from None
+
+
+class ListOf(FieldType[tuple[T, ...]]):
+    """An array of ``item`` with ``min_items`` to ``max_items`` entries, as a tuple."""
+
+    def __init__(self, item: FieldType[T], max_items: int, min_items: int = 0) -> None:
+        self.item = item
+        self.min_items = min_items
+        self.max_items = max_items
+
+    def _count(self, n: int, where: str, encoding: bool) -> None:
+        if not self.min_items <= n <= self.max_items:
+            raise _invalid(
+                where, f"{n} items is outside [{self.min_items}, {self.max_items}]", encoding
+            )
+
+    def to_cbor(self, value: tuple[T, ...], where: str) -> CborValue:
+        if not isinstance(value, tuple):
+            raise _invalid(where, f"expected a tuple, got {type(value).__name__}", True)
+        self._count(len(value), where, True)
+        return [self.item.to_cbor(v, f"{where}[{i}]") for i, v in enumerate(value)]
+
+    def from_cbor(self, raw: CborValue, where: str) -> tuple[T, ...]:
+        if not isinstance(raw, list):
+            raise _invalid(where, f"expected an array, got {type(raw).__name__}", False)
+        self._count(len(raw), where, False)
+        return tuple(self.item.from_cbor(v, f"{where}[{i}]") for i, v in enumerate(raw))
+
+
+class Nested(FieldType[S]):
+    """A field whose value is itself a :class:`Struct`, encoded as a map."""
+
+    def __init__(self, struct_type: type[S]) -> None:
+        self.struct_type = struct_type
+
+    def to_cbor(self, value: S, where: str) -> CborValue:
+        if not isinstance(value, self.struct_type):
+            raise _invalid(where, f"expected {self.struct_type.__name__}", True)
+        return value.to_map(where)
+
+    def from_cbor(self, raw: CborValue, where: str) -> S:
+        return self.struct_type.from_map(raw, where)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FieldSpec:
+    """Where a dataclass field lives on the wire."""
+
+    key: int
+    kind: FieldType[Any]
+    optional: bool
+
+
+def wire(key: int, kind: FieldType[Any], *, optional: bool = False) -> Any:
+    """Declare a dataclass field with its map key; optional fields default to None."""
+    spec = FieldSpec(key=key, kind=kind, optional=optional)
+    if optional:
+        return dataclasses.field(default=None, metadata={"wire": spec})
+    return dataclasses.field(metadata={"wire": spec})
+
+
+class Struct:
+    """Base of every wire structure: a frozen dataclass encoded as an integer-keyed map.
+
+    Absent optional fields are omitted from the map, never sent as null.  A map
+    with a key the structure does not define is refused (``UNKNOWN_FIELD``):
+    extensions are negotiated in ``Hello``, not smuggled into existing messages.
+    """
+
+    _specs: ClassVar[tuple[tuple[str, FieldSpec], ...]]
+
+    @classmethod
+    def wire_fields(cls) -> tuple[tuple[str, FieldSpec], ...]:
+        """The (attribute name, spec) pairs in key order, computed once per class."""
+        cached = cls.__dict__.get("_specs")
+        if cached is None:
+            pairs = [
+                (f.name, f.metadata["wire"])
+                for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+                if "wire" in f.metadata
+            ]
+            cached = tuple(sorted(pairs, key=lambda p: p[1].key))
+            keys = [spec.key for _, spec in cached]
+            if len(set(keys)) != len(keys):
+                raise TypeError(f"{cls.__name__} declares a map key twice")
+            cls._specs = cached
+        return cached
+
+    def to_map(self, where: str | None = None) -> dict[int, CborValue]:
+        where = where or type(self).__name__
+        self.validate(where, encoding=True)
+        out: dict[int, CborValue] = {}
+        for name, spec in self.wire_fields():
+            value = getattr(self, name)
+            if value is None:
+                if not spec.optional:
+                    raise EncodeError(ErrorCode.MISSING_FIELD, f"{where}.{name} is required")
+                continue
+            out[spec.key] = spec.kind.to_cbor(value, f"{where}.{name}")
+        return out
+
+    @classmethod
+    def from_map(cls: type[S], raw: CborValue, where: str | None = None) -> S:
+        where = where or cls.__name__
+        if not isinstance(raw, dict):
+            raise DecodeError(
+                ErrorCode.INVALID_FIELD, f"{where}: expected a map, got {type(raw).__name__}"
+            )
+        specs = cls.wire_fields()
+        known = {spec.key for _, spec in specs}
+        for key in raw:
+            if key not in known:
+                raise DecodeError(ErrorCode.UNKNOWN_FIELD, f"{where}: key {key!r} is not defined")
+        values: dict[str, Any] = {}
+        for name, spec in specs:
+            if spec.key not in raw:
+                if not spec.optional:
+                    raise DecodeError(
+                        ErrorCode.MISSING_FIELD, f"{where}.{name} (key {spec.key}) is missing"
+                    )
+                values[name] = None
+                continue
+            values[name] = spec.kind.from_cbor(raw[spec.key], f"{where}.{name}")
+        instance = cls(**values)
+        instance.validate(where, encoding=False)
+        return instance
+
+    def validate(self, where: str, encoding: bool) -> None:
+        """Cross-field checks; subclasses override.  Raises INVALID_FIELD errors."""
+
+
+def invalid(where: str, detail: str, encoding: bool) -> CcoError:
+    """The error a ``validate`` override raises for an inconsistent structure."""
+    return _invalid(where, detail, encoding)
+
+
+def bitmap_from_ranks(ranks: Sequence[int] | set[int] | frozenset[int]) -> bytes:
+    """The deterministic bitmap with exactly ``ranks`` set."""
+    if not ranks:
+        return b""
+    out = bytearray(max(ranks) // 8 + 1)
+    for r in ranks:
+        if r < 0:
+            raise ValueError(f"rank {r} is negative")
+        out[r // 8] |= 1 << (r % 8)
+    return bytes(out)
+
+
+def ranks_from_bitmap(bitmap: bytes) -> frozenset[int]:
+    """The set of ranks whose bit is set in ``bitmap``."""
+    return frozenset(
+        i * 8 + bit for i, byte in enumerate(bitmap) if byte for bit in range(8) if byte >> bit & 1
+    )

@@ -1,0 +1,104 @@
+"""Message framing for QUIC streams.
+
+A QUIC stream is a byte stream: one write can arrive in many pieces and several
+writes in one.  Every CCO message on a stream is therefore sent as a frame: its
+length as a QUIC variable-length integer (RFC 9000, section 16) in its shortest
+form, then that many bytes of CBOR (draft section "Framing").
+
+:class:`FrameDecoder` is the receiving half.  It refuses a frame longer than its
+limit as soon as the length prefix is complete, so a peer cannot make it buffer
+more than ``max_message_size`` plus one prefix, whatever length it claims.
+"""
+
+from __future__ import annotations
+
+from cco.wire.errors import DecodeError, EncodeError, ErrorCode
+
+DEFAULT_MAX_MESSAGE_SIZE = 16 * 1024 * 1024
+VARINT_MAX = (1 << 62) - 1
+
+
+def encode_varint(value: int) -> bytes:
+    """Encode ``value`` as a QUIC variable-length integer in its shortest form."""
+    if value < 0 or value > VARINT_MAX:
+        raise EncodeError(ErrorCode.FRAMING_ERROR, f"{value} does not fit a QUIC varint")
+    if value < 1 << 6:
+        return value.to_bytes(1, "big")
+    if value < 1 << 14:
+        return (value | 0x4000).to_bytes(2, "big")
+    if value < 1 << 30:
+        return (value | 0x8000_0000).to_bytes(4, "big")
+    return (value | 0xC000_0000_0000_0000).to_bytes(8, "big")
+
+
+def decode_varint(data: bytes | bytearray | memoryview, pos: int = 0) -> tuple[int, int] | None:
+    """Decode a varint at ``pos``; return (value, next_pos), or None if incomplete.
+
+    A varint that is not in its shortest form is refused: framing, like the CBOR
+    inside it, has exactly one encoding.
+    """
+    if pos >= len(data):
+        return None
+    first = data[pos]
+    size = 1 << (first >> 6)
+    if pos + size > len(data):
+        return None
+    value = first & 0x3F
+    for byte in data[pos + 1 : pos + size]:
+        value = (value << 8) | byte
+    if size > 1 and value < 1 << (8 * (size // 2) - 2):
+        raise DecodeError(
+            ErrorCode.FRAMING_ERROR, f"length {value} is not in its shortest varint form"
+        )
+    return value, pos + size
+
+
+def encode_frame(message: bytes, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> bytes:
+    """Prefix ``message`` with its length."""
+    if len(message) > max_message_size:
+        raise EncodeError(
+            ErrorCode.MESSAGE_TOO_LARGE,
+            f"message of {len(message)} bytes exceeds the limit of {max_message_size}",
+        )
+    return encode_varint(len(message)) + message
+
+
+class FrameDecoder:
+    """Reassembles frames from stream data received in arbitrary pieces."""
+
+    def __init__(self, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> None:
+        self.max_message_size = max_message_size
+        self._buffer = bytearray()
+        self._pending_length: int | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as a frame."""
+        return len(self._buffer)
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Add received bytes; return every frame body now complete, in order."""
+        self._buffer += data
+        frames: list[bytes] = []
+        while True:
+            if self._pending_length is None:
+                parsed = decode_varint(self._buffer)
+                if parsed is None:
+                    return frames
+                length, used = parsed
+                if length > self.max_message_size:
+                    raise DecodeError(
+                        ErrorCode.MESSAGE_TOO_LARGE,
+                        f"frame of {length} bytes exceeds the limit of {self.max_message_size}",
+                    )
+                del self._buffer[:used]
+                self._pending_length = length
+            if len(self._buffer) < self._pending_length:
+                return frames
+            frames.append(bytes(self._buffer[: self._pending_length]))
+            del self._buffer[: self._pending_length]
+            self._pending_length = None
+
+    def at_boundary(self) -> bool:
+        """True when no partial frame is buffered (a clean place for a stream to end)."""
+        return not self._buffer and self._pending_length is None

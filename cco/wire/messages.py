@@ -1,0 +1,433 @@
+"""Every CCO message as a frozen dataclass, and the codec between bytes and messages.
+
+A message on the wire is the two-element CBOR array ``[type, body]``: ``type`` is a
+code point from :class:`~cco.wire.registries.MessageType` and ``body`` a map with
+small unsigned integer keys, declared per class below (draft section "Messages";
+the same shapes appear in ``spec/cco.cddl``).  :func:`encode_message` and
+:func:`decode_message` are pure functions: no I/O and no state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from cco.wire import cbor
+from cco.wire.errors import DecodeError, ErrorCode
+from cco.wire.fields import (
+    Bitmap,
+    Bytes,
+    Enum,
+    Int,
+    ListOf,
+    Nested,
+    Struct,
+    Text,
+    UInt,
+    invalid,
+    wire,
+)
+from cco.wire.registries import (
+    GROUP_ID_SIZE,
+    GROUP_SECRET_SIZE,
+    MAX_WORLD_SIZE,
+    Collective,
+    DType,
+    MessageType,
+    ReduceOp,
+    Role,
+)
+
+MAC_MODULUS = (1 << 61) - 1
+"""p = 2^61 - 1: tags are elements of F_p (draft section "Homomorphic Authentication")."""
+
+MAX_CHUNK_ELEMENTS = 1 << 20
+MAX_TOTAL_ELEMENTS = 1 << 40
+ELEMENT_WIDTHS = (1, 2, 4, 8)
+
+_GROUP_ID = Bytes(min_len=GROUP_ID_SIZE, max_len=GROUP_ID_SIZE)
+_NODE_ID = Text(min_len=1, max_len=255)
+_RANK = UInt(maximum=MAX_WORLD_SIZE - 1)
+_WORLD_SIZE = UInt(minimum=1, maximum=MAX_WORLD_SIZE)
+_RANK_BITMAP = Bitmap(max_len=MAX_WORLD_SIZE // 8)
+_DETAIL = Text(max_len=1024)
+_LABELS = ListOf(Text(min_len=1, max_len=64), max_items=16)
+_U32 = UInt(maximum=(1 << 32) - 1)
+_U64 = UInt()
+
+
+# --- shared structures -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Capabilities(Struct):
+    """What a peer can process; exchanged in Hello and HelloAck."""
+
+    dtypes: tuple[DType, ...] = wire(1, ListOf(Enum(DType), max_items=64))
+    ops: tuple[ReduceOp, ...] = wire(2, ListOf(Enum(ReduceOp), max_items=64))
+    collectives: tuple[Collective, ...] = wire(3, ListOf(Enum(Collective), max_items=64))
+    max_message_size: int = wire(4, UInt(minimum=1024, maximum=(1 << 32) - 1))
+    max_chunk_elements: int = wire(5, UInt(minimum=1, maximum=MAX_CHUNK_ELEMENTS))
+    extensions: tuple[int, ...] = wire(6, ListOf(_U32, max_items=64))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Address(Struct):
+    """Where a node accepts QUIC connections."""
+
+    host: str = wire(1, Text(min_len=1, max_len=255))
+    port: int = wire(2, UInt(minimum=1, maximum=65535))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeRef(Struct):
+    """A node in an aggregation tree, with the ranks whose data reaches it through it."""
+
+    node_id: str = wire(1, _NODE_ID)
+    address: Address = wire(2, Nested(Address))
+    ranks: bytes = wire(3, _RANK_BITMAP)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupParams(Struct):
+    """Per-group parameters every member applies identically."""
+
+    chunk_elements: int = wire(1, UInt(minimum=1, maximum=MAX_CHUNK_ELEMENTS))
+    window: int = wire(2, UInt(minimum=1, maximum=4096))
+    heartbeat_interval_ms: int = wire(3, UInt(minimum=10, maximum=600_000))
+    operation_timeout_ms: int = wire(4, UInt(minimum=10, maximum=86_400_000))
+
+
+# --- messages ----------------------------------------------------------------------
+
+
+class Message(Struct):
+    """Base of every top-level message; ``TYPE`` is its registry code point."""
+
+    TYPE: ClassVar[MessageType]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hello(Message):
+    """First message on a connection, from the connecting side."""
+
+    TYPE: ClassVar[MessageType] = MessageType.HELLO
+    versions: tuple[int, ...] = wire(1, ListOf(_U32, min_items=1, max_items=16))
+    role: Role = wire(2, Enum(Role))
+    node_id: str = wire(3, _NODE_ID)
+    capabilities: Capabilities = wire(4, Nested(Capabilities))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HelloAck(Message):
+    """Answer to Hello: the selected version and the accepting side's capabilities."""
+
+    TYPE: ClassVar[MessageType] = MessageType.HELLO_ACK
+    version: int = wire(1, _U32)
+    role: Role = wire(2, Enum(Role))
+    node_id: str = wire(3, _NODE_ID)
+    capabilities: Capabilities = wire(4, Nested(Capabilities))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Error(Message):
+    """A connection-level error report; ``message_type`` names what caused it."""
+
+    TYPE: ClassVar[MessageType] = MessageType.ERROR
+    code: ErrorCode = wire(1, Enum(ErrorCode))
+    detail: str = wire(2, _DETAIL)
+    message_type: int | None = wire(3, UInt(maximum=255), optional=True)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Heartbeat(Message):
+    """Liveness probe; the receiver echoes ``seq`` in its own next heartbeat."""
+
+    TYPE: ClassVar[MessageType] = MessageType.HEARTBEAT
+    seq: int = wire(1, _U64)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JoinRequest(Message):
+    """An endpoint asks the rendezvous to join a group."""
+
+    TYPE: ClassVar[MessageType] = MessageType.JOIN_REQUEST
+    group_id: bytes = wire(1, _GROUP_ID)
+    world_size: int = wire(2, _WORLD_SIZE)
+    credential: bytes = wire(3, Bytes(max_len=1024))
+    rank: int | None = wire(4, _RANK, optional=True)
+    labels: tuple[str, ...] = wire(5, _LABELS)
+
+    def validate(self, where: str, encoding: bool) -> None:
+        if self.rank is not None and self.rank >= self.world_size:
+            raise invalid(
+                where, f"rank {self.rank} is not below world_size {self.world_size}", encoding
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JoinAccept(Message):
+    """The rendezvous admits an endpoint, giving its rank and the group key material."""
+
+    TYPE: ClassVar[MessageType] = MessageType.JOIN_ACCEPT
+    group_id: bytes = wire(1, _GROUP_ID)
+    rank: int = wire(2, _RANK)
+    world_size: int = wire(3, _WORLD_SIZE)
+    epoch: int = wire(4, _U64)
+    group_secret: bytes = wire(5, Bytes(min_len=GROUP_SECRET_SIZE, max_len=GROUP_SECRET_SIZE))
+    params: GroupParams = wire(6, Nested(GroupParams))
+
+    def validate(self, where: str, encoding: bool) -> None:
+        if self.rank >= self.world_size:
+            raise invalid(
+                where, f"rank {self.rank} is not below world_size {self.world_size}", encoding
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JoinReject(Message):
+    """The rendezvous refuses a JoinRequest."""
+
+    TYPE: ClassVar[MessageType] = MessageType.JOIN_REJECT
+    group_id: bytes = wire(1, _GROUP_ID)
+    code: ErrorCode = wire(2, Enum(ErrorCode))
+    detail: str = wire(3, _DETAIL)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Leave(Message):
+    """A member leaves a group (or the rendezvous removes it)."""
+
+    TYPE: ClassVar[MessageType] = MessageType.LEAVE
+    group_id: bytes = wire(1, _GROUP_ID)
+    rank: int = wire(2, _RANK)
+    code: ErrorCode = wire(3, Enum(ErrorCode))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AggregatorRegister(Message):
+    """An aggregator offers its capacity to the rendezvous."""
+
+    TYPE: ClassVar[MessageType] = MessageType.AGGREGATOR_REGISTER
+    address: Address = wire(1, Nested(Address))
+    capacity: int = wire(2, UInt(minimum=1, maximum=1 << 20))
+    max_fan_in: int = wire(3, UInt(minimum=2, maximum=1024))
+    labels: tuple[str, ...] = wire(4, _LABELS)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AggregatorAccept(Message):
+    """The rendezvous accepts an aggregator's registration."""
+
+    TYPE: ClassVar[MessageType] = MessageType.AGGREGATOR_ACCEPT
+    node_id: str = wire(1, _NODE_ID)
+    heartbeat_interval_ms: int = wire(2, UInt(minimum=10, maximum=600_000))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TreeAssignment(Message):
+    """A node's place in a group's aggregation tree for one epoch.
+
+    For an endpoint, ``parent`` is the aggregator it sends to and ``children`` is
+    empty.  For an aggregator, ``children`` are the nodes it accepts data from and
+    ``expected`` the ranks whose contributions complete its partial aggregate; a
+    root aggregator has no parent and sends results down.
+    """
+
+    TYPE: ClassVar[MessageType] = MessageType.TREE_ASSIGNMENT
+    group_id: bytes = wire(1, _GROUP_ID)
+    epoch: int = wire(2, _U64)
+    world_size: int = wire(3, _WORLD_SIZE)
+    expected: bytes = wire(4, _RANK_BITMAP)
+    children: tuple[NodeRef, ...] = wire(5, ListOf(Nested(NodeRef), max_items=1024))
+    params: GroupParams = wire(6, Nested(GroupParams))
+    parent: NodeRef | None = wire(7, Nested(NodeRef), optional=True)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EpochChange(Message):
+    """The group moves to a new epoch; operations of older epochs are abandoned."""
+
+    TYPE: ClassVar[MessageType] = MessageType.EPOCH_CHANGE
+    group_id: bytes = wire(1, _GROUP_ID)
+    epoch: int = wire(2, _U64)
+    members: bytes = wire(3, _RANK_BITMAP)
+    code: ErrorCode = wire(4, Enum(ErrorCode))
+
+
+def chunk_count(total_elements: int, chunk_elements: int) -> int:
+    """Chunks of an operation: ceil(total / chunk), and one (empty) chunk for total 0."""
+    return max(1, -(-total_elements // chunk_elements))
+
+
+def chunk_length(total_elements: int, chunk_elements: int, chunk_index: int) -> int:
+    """Elements in chunk ``chunk_index``: ``chunk_elements`` except for the last chunk."""
+    return max(0, min(chunk_elements, total_elements - chunk_index * chunk_elements))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChunkMessage(Message):
+    """Fields shared by every message that carries one chunk of an operation's data.
+
+    ``payload`` holds ``chunk_length(...)`` integers, little-endian two's complement,
+    ``width`` bytes each.  The header fields from ``group_id`` to ``chunk_index``
+    (and ``root``) identify the chunk and are bound into its tag.
+    """
+
+    group_id: bytes = wire(1, _GROUP_ID)
+    epoch: int = wire(2, _U64)
+    op_id: int = wire(3, _U64)
+    kind: Collective = wire(4, Enum(Collective))
+    op: ReduceOp = wire(5, Enum(ReduceOp))
+    dtype: DType = wire(6, Enum(DType))
+    scale: int = wire(7, Int(minimum=-2048, maximum=2047))
+    total_elements: int = wire(8, UInt(maximum=MAX_TOTAL_ELEMENTS))
+    chunk_elements: int = wire(9, UInt(minimum=1, maximum=MAX_CHUNK_ELEMENTS))
+    chunk_index: int = wire(10, _U64)
+    contributors: bytes = wire(11, _RANK_BITMAP)
+    width: int = wire(12, UInt(minimum=1, maximum=8))
+    payload: bytes = wire(13, Bytes(max_len=MAX_CHUNK_ELEMENTS * 8))
+    tag: int | None = wire(14, UInt(maximum=MAC_MODULUS - 1), optional=True)
+    root: int | None = wire(15, _RANK, optional=True)
+
+    @property
+    def element_count(self) -> int:
+        return chunk_length(self.total_elements, self.chunk_elements, self.chunk_index)
+
+    def validate(self, where: str, encoding: bool) -> None:
+        if self.width not in ELEMENT_WIDTHS:
+            raise invalid(where, f"width {self.width} is not one of {ELEMENT_WIDTHS}", encoding)
+        count = chunk_count(self.total_elements, self.chunk_elements)
+        if self.chunk_index >= count:
+            raise invalid(
+                where, f"chunk_index {self.chunk_index} is not below chunk count {count}", encoding
+            )
+        expected = self.element_count * self.width
+        if len(self.payload) != expected:
+            raise invalid(
+                where, f"payload has {len(self.payload)} bytes, chunk needs {expected}", encoding
+            )
+        if not self.contributors:
+            raise invalid(where, "contributors bitmap is empty", encoding)
+        needs_root = self.kind in (Collective.REDUCE, Collective.BROADCAST)
+        if needs_root != (self.root is not None):
+            raise invalid(
+                where,
+                f"root must be {'present' if needs_root else 'absent'} for {self.kind.name}",
+                encoding,
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Contribution(ChunkMessage):
+    """One endpoint's chunk, sent to its parent aggregator."""
+
+    TYPE: ClassVar[MessageType] = MessageType.CONTRIBUTION
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartialAggregate(ChunkMessage):
+    """The combination of several contributions, travelling up the tree."""
+
+    TYPE: ClassVar[MessageType] = MessageType.PARTIAL_AGGREGATE
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Result(ChunkMessage):
+    """The complete aggregate of a chunk, travelling down the tree to endpoints."""
+
+    TYPE: ClassVar[MessageType] = MessageType.RESULT
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BroadcastData(ChunkMessage):
+    """A chunk of a broadcast: the root's data, forwarded unchanged up then down."""
+
+    TYPE: ClassVar[MessageType] = MessageType.BROADCAST_DATA
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChunkAck(Message):
+    """Confirms delivery of the listed chunks of an operation."""
+
+    TYPE: ClassVar[MessageType] = MessageType.CHUNK_ACK
+    group_id: bytes = wire(1, _GROUP_ID)
+    epoch: int = wire(2, _U64)
+    op_id: int = wire(3, _U64)
+    chunks: tuple[int, ...] = wire(4, ListOf(_U64, min_items=1, max_items=4096))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetransmitRequest(Message):
+    """Asks for chunks again, naming the contributors still missing if known."""
+
+    TYPE: ClassVar[MessageType] = MessageType.RETRANSMIT_REQUEST
+    group_id: bytes = wire(1, _GROUP_ID)
+    epoch: int = wire(2, _U64)
+    op_id: int = wire(3, _U64)
+    chunks: tuple[int, ...] = wire(4, ListOf(_U64, min_items=1, max_items=4096))
+    missing: bytes | None = wire(5, _RANK_BITMAP, optional=True)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Abort(Message):
+    """Ends an operation unsuccessfully, naming the ranks that did not contribute."""
+
+    TYPE: ClassVar[MessageType] = MessageType.ABORT
+    group_id: bytes = wire(1, _GROUP_ID)
+    epoch: int = wire(2, _U64)
+    op_id: int = wire(3, _U64)
+    code: ErrorCode = wire(4, Enum(ErrorCode))
+    detail: str = wire(5, _DETAIL)
+    missing: bytes | None = wire(6, _RANK_BITMAP, optional=True)
+
+
+MESSAGE_CLASSES: dict[MessageType, type[Message]] = {
+    cls.TYPE: cls
+    for cls in (
+        Hello,
+        HelloAck,
+        Error,
+        Heartbeat,
+        JoinRequest,
+        JoinAccept,
+        JoinReject,
+        Leave,
+        AggregatorRegister,
+        AggregatorAccept,
+        TreeAssignment,
+        EpochChange,
+        Contribution,
+        PartialAggregate,
+        Result,
+        BroadcastData,
+        ChunkAck,
+        RetransmitRequest,
+        Abort,
+    )
+}
+assert set(MESSAGE_CLASSES) == set(MessageType), "every registered type has a class"
+
+
+def encode_message(message: Message) -> bytes:
+    """The deterministic CBOR encoding of ``[type, body]``."""
+    return cbor.encode([int(message.TYPE), message.to_map()])  # type: ignore[list-item]
+
+
+def decode_message(
+    data: bytes | bytearray | memoryview, limits: cbor.DecodeLimits = cbor.DEFAULT_LIMITS
+) -> Message:
+    """Decode one message; every failure is a :class:`DecodeError` with its code."""
+    raw = cbor.decode(data, limits)
+    if not isinstance(raw, list) or len(raw) != 2:
+        raise DecodeError(ErrorCode.INVALID_FIELD, "a message is a two-element array [type, body]")
+    type_code, body = raw
+    if isinstance(type_code, bool) or not isinstance(type_code, int):
+        raise DecodeError(ErrorCode.INVALID_FIELD, "message type is not an integer")
+    try:
+        cls = MESSAGE_CLASSES[MessageType(type_code)]
+    except ValueError:
+        raise DecodeError(
+            ErrorCode.UNKNOWN_MESSAGE_TYPE, f"message type {type_code} is not registered"
+        ) from None
+    return cls.from_map(body)
