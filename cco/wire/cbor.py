@@ -72,9 +72,7 @@ def _check_encodable(value: object, depth: int) -> None:
     raise EncodeError(ErrorCode.INVALID_FIELD, f"type {type(value).__name__} is not encodable")
 
 
-def decode(
-    data: bytes | bytearray | memoryview, limits: DecodeLimits = DEFAULT_LIMITS
-) -> CborValue:
+def decode(data: bytes | bytearray | memoryview, limits: DecodeLimits = DEFAULT_LIMITS) -> CborValue:
     """Decode exactly one CBOR item from ``data``; reject anything non-deterministic."""
     reader = _Reader(memoryview(data).cast("B"), limits)
     value = reader.item(depth=0)
@@ -114,25 +112,15 @@ class _Reader:
             return major, info, info
         if info > 27:
             if info == 31:
-                raise DecodeError(
-                    ErrorCode.MALFORMED_CBOR, f"indefinite length or break at offset {start}"
-                )
-            raise DecodeError(
-                ErrorCode.MALFORMED_CBOR, f"reserved additional info {info} at offset {start}"
-            )
+                raise DecodeError(ErrorCode.MALFORMED_CBOR, f"indefinite length or break at offset {start}")
+            raise DecodeError(ErrorCode.MALFORMED_CBOR, f"reserved additional info {info} at offset {start}")
         size = 1 << (info - 24)
         self._need(size, "item argument")
         argument = int.from_bytes(self.buf[self.pos : self.pos + size], "big")
         self.pos += size
         if major != 7:
             shortest = (
-                24
-                if argument < 256
-                else 25
-                if argument < 1 << 16
-                else 26
-                if argument < 1 << 32
-                else 27
+                24 if argument < 256 else 25 if argument < 1 << 16 else 26 if argument < 1 << 32 else 27
             )
             if argument < 24 or info != shortest:
                 raise DecodeError(
@@ -143,9 +131,7 @@ class _Reader:
 
     def item(self, depth: int) -> CborValue:
         if depth > self.limits.max_depth:
-            raise DecodeError(
-                ErrorCode.MESSAGE_TOO_LARGE, f"nesting deeper than {self.limits.max_depth}"
-            )
+            raise DecodeError(ErrorCode.MESSAGE_TOO_LARGE, f"nesting deeper than {self.limits.max_depth}")
         start = self.pos
         major, info, arg = self._head()
         if major == 0:
@@ -166,9 +152,7 @@ class _Reader:
             try:
                 return str(raw, "utf-8")
             except UnicodeDecodeError as exc:
-                raise DecodeError(
-                    ErrorCode.MALFORMED_CBOR, f"invalid UTF-8 at offset {start}"
-                ) from exc
+                raise DecodeError(ErrorCode.MALFORMED_CBOR, f"invalid UTF-8 at offset {start}") from exc
         if major in (4, 5):
             if arg > self.limits.max_container_items:
                 raise DecodeError(
@@ -182,9 +166,7 @@ class _Reader:
                 return [self.item(depth + 1) for _ in range(arg)]
             return self._map(arg, depth, start)
         if major == 6:
-            raise DecodeError(
-                ErrorCode.MALFORMED_CBOR, f"tag {arg} at offset {start} is not allowed"
-            )
+            raise DecodeError(ErrorCode.MALFORMED_CBOR, f"tag {arg} at offset {start} is not allowed")
         # major 7: simple values and floats
         if info < 24:
             if arg == 20:

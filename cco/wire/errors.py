@@ -69,8 +69,7 @@ ERROR_DESCRIPTIONS: dict[ErrorCode, str] = {
     "encoding (non-shortest argument, or map keys out of order).",
     ErrorCode.DUPLICATE_MAP_KEY: "A CBOR map contains the same key twice.",
     ErrorCode.TRAILING_BYTES: "Bytes follow the single top-level CBOR item of a message.",
-    ErrorCode.MESSAGE_TOO_LARGE: "A message, string, array or map exceeds a negotiated or "
-    "fixed size limit.",
+    ErrorCode.MESSAGE_TOO_LARGE: "A message, string, array or map exceeds a negotiated or fixed size limit.",
     ErrorCode.UNKNOWN_MESSAGE_TYPE: "The message type is not registered or not supported.",
     ErrorCode.INVALID_FIELD: "A field has the wrong CBOR type or a value out of range.",
     ErrorCode.MISSING_FIELD: "A required field is absent.",
@@ -90,8 +89,7 @@ ERROR_DESCRIPTIONS: dict[ErrorCode, str] = {
     ErrorCode.VERIFICATION_FAILED: "An aggregate failed homomorphic tag verification, the "
     "range check or the contributor policy.",
     ErrorCode.OVERFLOW: "A value or an aggregate exceeds the exact integer range.",
-    ErrorCode.DUPLICATE_CONTRIBUTION: "A contributor's chunk was received twice with "
-    "different content.",
+    ErrorCode.DUPLICATE_CONTRIBUTION: "A contributor's chunk was received twice with different content.",
     ErrorCode.OPERATION_MISMATCH: "Chunks of one operation disagree on kind, op, dtype, "
     "scale, length or chunk count.",
     ErrorCode.UNKNOWN_OPERATION: "The operation id is unknown to the receiver.",

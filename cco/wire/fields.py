@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from enum import IntEnum
 from typing import Any, ClassVar, Generic, TypeVar
 
-from cco.wire.cbor import CborValue
+from cco.wire.cbor import CborKey, CborValue
 from cco.wire.errors import CcoError, DecodeError, EncodeError, ErrorCode
 
 T = TypeVar("T")
@@ -102,9 +102,7 @@ class Text(FieldType[str]):
             raise _invalid(where, f"expected a text string, got {type(value).__name__}", encoding)
         size = len(value.encode("utf-8", "surrogatepass"))
         if not self.min_len <= size <= self.max_len:
-            raise _invalid(
-                where, f"{size} bytes is outside [{self.min_len}, {self.max_len}]", encoding
-            )
+            raise _invalid(where, f"{size} bytes is outside [{self.min_len}, {self.max_len}]", encoding)
         return value
 
     def to_cbor(self, value: str, where: str) -> CborValue:
@@ -145,9 +143,7 @@ class Enum(FieldType[E]):
         try:
             return self.enum_type(raw)
         except ValueError:
-            raise _invalid(
-                where, f"{raw} is not a registered {self.enum_type.__name__}", False
-            ) from None
+            raise _invalid(where, f"{raw} is not a registered {self.enum_type.__name__}", False) from None
 
 
 class ListOf(FieldType[tuple[T, ...]]):
@@ -160,9 +156,7 @@ class ListOf(FieldType[tuple[T, ...]]):
 
     def _count(self, n: int, where: str, encoding: bool) -> None:
         if not self.min_items <= n <= self.max_items:
-            raise _invalid(
-                where, f"{n} items is outside [{self.min_items}, {self.max_items}]", encoding
-            )
+            raise _invalid(where, f"{n} items is outside [{self.min_items}, {self.max_items}]", encoding)
 
     def to_cbor(self, value: tuple[T, ...], where: str) -> CborValue:
         if not isinstance(value, tuple):
@@ -236,10 +230,10 @@ class Struct:
             cls._specs = cached
         return cached
 
-    def to_map(self, where: str | None = None) -> dict[int, CborValue]:
+    def to_map(self, where: str | None = None) -> dict[CborKey, CborValue]:
         where = where or type(self).__name__
         self.validate(where, encoding=True)
-        out: dict[int, CborValue] = {}
+        out: dict[CborKey, CborValue] = {}
         for name, spec in self.wire_fields():
             value = getattr(self, name)
             if value is None:
@@ -253,9 +247,7 @@ class Struct:
     def from_map(cls: type[S], raw: CborValue, where: str | None = None) -> S:
         where = where or cls.__name__
         if not isinstance(raw, dict):
-            raise DecodeError(
-                ErrorCode.INVALID_FIELD, f"{where}: expected a map, got {type(raw).__name__}"
-            )
+            raise DecodeError(ErrorCode.INVALID_FIELD, f"{where}: expected a map, got {type(raw).__name__}")
         specs = cls.wire_fields()
         known = {spec.key for _, spec in specs}
         for key in raw:
@@ -265,9 +257,7 @@ class Struct:
         for name, spec in specs:
             if spec.key not in raw:
                 if not spec.optional:
-                    raise DecodeError(
-                        ErrorCode.MISSING_FIELD, f"{where}.{name} (key {spec.key}) is missing"
-                    )
+                    raise DecodeError(ErrorCode.MISSING_FIELD, f"{where}.{name} (key {spec.key}) is missing")
                 values[name] = None
                 continue
             values[name] = spec.kind.from_cbor(raw[spec.key], f"{where}.{name}")

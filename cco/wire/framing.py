@@ -47,9 +47,7 @@ def decode_varint(data: bytes | bytearray | memoryview, pos: int = 0) -> tuple[i
     for byte in data[pos + 1 : pos + size]:
         value = (value << 8) | byte
     if size > 1 and value < 1 << (8 * (size // 2) - 2):
-        raise DecodeError(
-            ErrorCode.FRAMING_ERROR, f"length {value} is not in its shortest varint form"
-        )
+        raise DecodeError(ErrorCode.FRAMING_ERROR, f"length {value} is not in its shortest varint form")
     return value, pos + size
 
 

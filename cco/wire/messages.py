@@ -160,9 +160,7 @@ class JoinRequest(Message):
 
     def validate(self, where: str, encoding: bool) -> None:
         if self.rank is not None and self.rank >= self.world_size:
-            raise invalid(
-                where, f"rank {self.rank} is not below world_size {self.world_size}", encoding
-            )
+            raise invalid(where, f"rank {self.rank} is not below world_size {self.world_size}", encoding)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -179,9 +177,7 @@ class JoinAccept(Message):
 
     def validate(self, where: str, encoding: bool) -> None:
         if self.rank >= self.world_size:
-            raise invalid(
-                where, f"rank {self.rank} is not below world_size {self.world_size}", encoding
-            )
+            raise invalid(where, f"rank {self.rank} is not below world_size {self.world_size}", encoding)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -299,14 +295,10 @@ class ChunkMessage(Message):
             raise invalid(where, f"width {self.width} is not one of {ELEMENT_WIDTHS}", encoding)
         count = chunk_count(self.total_elements, self.chunk_elements)
         if self.chunk_index >= count:
-            raise invalid(
-                where, f"chunk_index {self.chunk_index} is not below chunk count {count}", encoding
-            )
+            raise invalid(where, f"chunk_index {self.chunk_index} is not below chunk count {count}", encoding)
         expected = self.element_count * self.width
         if len(self.payload) != expected:
-            raise invalid(
-                where, f"payload has {len(self.payload)} bytes, chunk needs {expected}", encoding
-            )
+            raise invalid(where, f"payload has {len(self.payload)} bytes, chunk needs {expected}", encoding)
         if not self.contributors:
             raise invalid(where, "contributors bitmap is empty", encoding)
         needs_root = self.kind in (Collective.REDUCE, Collective.BROADCAST)
@@ -411,7 +403,7 @@ assert set(MESSAGE_CLASSES) == set(MessageType), "every registered type has a cl
 
 def encode_message(message: Message) -> bytes:
     """The deterministic CBOR encoding of ``[type, body]``."""
-    return cbor.encode([int(message.TYPE), message.to_map()])  # type: ignore[list-item]
+    return cbor.encode([int(message.TYPE), message.to_map()])
 
 
 def decode_message(
