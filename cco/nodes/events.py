@@ -16,7 +16,7 @@ Inputs are named in the past tense (what happened); commands in the imperative.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.messages import Address, Message
@@ -75,7 +75,7 @@ class TimerFired:
     """Time has reached the machine's deadline; it processes everything due by ``now``."""
 
 
-Input = Union[PeerConnected, PeerDisconnected, MessageReceived, MessageMalformed, TimerFired]
+Input = PeerConnected | PeerDisconnected | MessageReceived | MessageMalformed | TimerFired
 
 
 # --- commands ----------------------------------------------------------------------
@@ -137,7 +137,7 @@ class OperationFailed:
     error: CcoError
 
 
-Command = Union[SendMessage, ConnectTo, ClosePeer, Joined, OperationCompleted, OperationFailed]
+Command = SendMessage | ConnectTo | ClosePeer | Joined | OperationCompleted | OperationFailed
 
 __all__ = [
     "ClosePeer",

@@ -16,14 +16,14 @@ refuse the encodings this decoder refuses.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
+from typing import TypeAlias
 
 import cbor2
 
 from cco.wire.errors import DecodeError, EncodeError, ErrorCode
 
-CborValue = Union[int, bytes, str, bool, None, list["CborValue"], dict["CborKey", "CborValue"]]
-CborKey = Union[int, str]
+CborKey: TypeAlias = int | str
+CborValue: TypeAlias = "int | bytes | str | bool | None | list[CborValue] | dict[CborKey, CborValue]"
 
 _UINT64_MAX = (1 << 64) - 1
 
