@@ -23,7 +23,7 @@ import cbor2
 from cco.wire.errors import DecodeError, EncodeError, ErrorCode
 
 CborKey: TypeAlias = int | str
-CborValue: TypeAlias = "int | bytes | str | bool | None | list[CborValue] | dict[CborKey, CborValue]"
+CborValue: TypeAlias = "int | bytes | str | bool | list[CborValue] | dict[CborKey, CborValue] | None"
 
 _UINT64_MAX = (1 << 64) - 1
 
