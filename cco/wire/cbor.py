@@ -41,34 +41,37 @@ DEFAULT_LIMITS = DecodeLimits()
 
 
 def encode(value: CborValue) -> bytes:
-    """Encode ``value`` in core deterministic encoding (RFC 8949, section 4.2.1)."""
-    _check_encodable(value, depth=0)
-    # cbor2's canonical mode sorts map keys by encoded length, then bytewise.  For the
-    # key types CCO allows (integers and short text in separate maps) this equals the
-    # bytewise lexicographic order of RFC 8949 core deterministic encoding; the decoder
-    # below enforces the latter, and the test-suite cross-checks the two.
-    return cbor2.dumps(value, canonical=True)
+    """Encode ``value`` in core deterministic encoding (RFC 8949, section 4.2.1).
+
+    cbor2 always writes integers and lengths in their shortest form, and writes a
+    map's entries in the dict's order when not asked to be "canonical".  Its
+    canonical mode follows the older RFC 7049 rule (shorter keys first), which
+    differs from RFC 8949's bytewise order for maps mixing key types, so the map
+    order is established here instead, by sorting on each key's encoding.
+    """
+    return cbor2.dumps(_deterministic(value, depth=0))
 
 
-def _check_encodable(value: object, depth: int) -> None:
+def _deterministic(value: object, depth: int) -> CborValue:
+    """Check that ``value`` is in the CCO subset and put every map in key order."""
     if depth > DEFAULT_LIMITS.max_depth:
         raise EncodeError(ErrorCode.INVALID_FIELD, "value nests too deeply to encode")
     if isinstance(value, bool) or value is None or isinstance(value, (bytes, str)):
-        return
+        return value
     if isinstance(value, int):
         if not -(1 << 64) <= value <= _UINT64_MAX:
             raise EncodeError(ErrorCode.INVALID_FIELD, f"integer {value} is outside CBOR's range")
-        return
+        return value
     if isinstance(value, list):
-        for item in value:
-            _check_encodable(item, depth + 1)
-        return
+        return [_deterministic(item, depth + 1) for item in value]
     if isinstance(value, dict):
+        entries: list[tuple[bytes, CborKey, CborValue]] = []
         for key, item in value.items():
             if isinstance(key, bool) or not isinstance(key, (int, str)):
                 raise EncodeError(ErrorCode.INVALID_FIELD, f"map key {key!r} is not int or text")
-            _check_encodable(item, depth + 1)
-        return
+            entries.append((cbor2.dumps(key), key, _deterministic(item, depth + 1)))
+        entries.sort(key=lambda entry: entry[0])
+        return {key: item for _, key, item in entries}
     raise EncodeError(ErrorCode.INVALID_FIELD, f"type {type(value).__name__} is not encodable")
 
 
