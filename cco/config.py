@@ -1,0 +1,189 @@
+"""Node configuration: defaults, a TOML file, environment variables and flags.
+
+Precedence, lowest to highest: built-in defaults, the TOML file named by
+``--config`` (or ``CCO_CONFIG``), environment variables ``CCO_<OPTION>``, then
+command-line flags.  Every option is declared once in :data:`OPTIONS`, which drives
+the argument parser, the ``--help`` text, the environment lookup and the TOML keys,
+so the four cannot disagree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cco.wire.errors import CcoError, ErrorCode
+
+
+def parse_hostport(text: str) -> tuple[str, int]:
+    """``host:port`` (IPv6 as ``[addr]:port``) -> (host, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected a boolean, got {text!r}")
+
+
+def _labels(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One configuration option, known under the same name everywhere."""
+
+    name: str  # attribute and TOML key; flag is --name-with-dashes; env is CCO_NAME
+    help: str
+    default: Any
+    parse: Callable[[str], Any] = str
+    roles: tuple[str, ...] = ("rendezvous", "aggregator", "endpoint")
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return "CCO_" + self.name.upper()
+
+
+R, A, E = "rendezvous", "aggregator", "endpoint"
+
+OPTIONS: tuple[Option, ...] = (
+    Option("node_id", "this node's id; must equal the CN of its certificate", None),
+    Option(
+        "pki_dir",
+        "directory with ca.pem and <node_id>.pem / <node_id>.key (as written by `cco-node certs`)",
+        None,
+        Path,
+    ),
+    Option("ca", "group CA certificate (PEM); default <pki_dir>/ca.pem", None, Path),
+    Option("cert", "this node's certificate (PEM); default <pki_dir>/<node_id>.pem", None, Path),
+    Option("key", "this node's private key (PEM); default <pki_dir>/<node_id>.key", None, Path),
+    Option("listen", "HOST:PORT to accept QUIC connections on", "127.0.0.1:4433", str, (R, A)),
+    Option("advertise", "HOST:PORT children should connect to; default: --listen", None, str, (A,)),
+    Option("rendezvous", "HOST:PORT of the rendezvous", "127.0.0.1:4433", str, (A, E)),
+    Option("rendezvous_id", "node id the rendezvous certificate must carry", "rendezvous", str, (A, E)),
+    Option("labels", "comma-separated location labels used for tree planning", (), _labels, (A, E)),
+    Option("capacity", "groups this aggregator serves at once", 16, int, (A,)),
+    Option("max_fan_in", "children one aggregator accepts per group", 8, int, (A,)),
+    Option("chunk_elements", "elements per chunk for new groups", 65536, int, (R,)),
+    Option("window", "chunks in flight per operation for new groups", 8, int, (R,)),
+    Option("heartbeat_ms", "heartbeat interval in milliseconds", 1000, int, (R,)),
+    Option("operation_timeout_ms", "deadline of one collective in milliseconds", 30000, int, (R,)),
+    Option(
+        "dynamic_groups",
+        "create a group on its first join (else only --group-id is served)",
+        True,
+        _bool,
+        (R,),
+    ),
+    Option("group_id", "group to join (32 hex digits)", None, str, (R, E)),
+    Option("world_size", "members in the group", None, int, (R, E)),
+    Option("credential", "group join credential (text)", "", str, (R, E)),
+    Option("rank", "rank to request; default: assigned by the rendezvous", None, int, (E,)),
+    Option("rounds", "endpoint workload: all-reduce rounds to run", 3, int, (E,)),
+    Option("elements", "endpoint workload: elements per all-reduce", 1 << 16, int, (E,)),
+    Option(
+        "workload", "endpoint workload: 'allreduce' rounds or the 'conformance' suite", "allreduce", str, (E,)
+    ),
+    Option("results", "endpoint workload: write results (.npz) to this file", None, Path, (E,)),
+    Option("max_datagram_size", "QUIC datagram size; loopback and jumbo links allow up to ~16000", 1452, int),
+    Option("qlog_dir", "write qlog traces to this directory", None, Path),
+    Option("keylog_file", "append TLS secrets to this file (for Wireshark)", None, Path),
+    Option("log_level", "logging level (debug, info, warning, error)", "info", str),
+)
+
+_BY_NAME = {option.name: option for option in OPTIONS}
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """The resolved configuration of one node: ``values[name]`` for every option."""
+
+    role: str
+    values: Mapping[str, Any]
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def require(self, name: str) -> Any:
+        value = self.values.get(name)
+        if value is None:
+            option = _BY_NAME[name]
+            raise CcoError(
+                ErrorCode.INVALID_FIELD,
+                f"{option.flag} (or {option.env}, or '{name}' in the config file) is required "
+                f"for role {self.role}",
+            )
+        return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare every option as a flag; defaults are applied later, by precedence."""
+    parser.add_argument("--role", choices=(R, A, E), help="which node to run (env CCO_ROLE)")
+    parser.add_argument("--config", type=Path, help="TOML file with options (env CCO_CONFIG)")
+    for option in OPTIONS:
+        roles = "" if len(option.roles) == 3 else f" [{'/'.join(option.roles)}]"
+        default = "" if option.default in (None, ()) else f" (default: {option.default})"
+        parser.add_argument(
+            option.flag,
+            dest=option.name,
+            default=None,
+            metavar=option.name.upper(),
+            help=f"{option.help}{roles}{default}; env {option.env}",
+        )
+
+
+def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> NodeConfig:
+    """Merge defaults, TOML, environment and flags; parse and check every value."""
+    config_path = args.config or (Path(environ["CCO_CONFIG"]) if "CCO_CONFIG" in environ else None)
+    from_file: dict[str, Any] = {}
+    if config_path is not None:
+        try:
+            with open(config_path, "rb") as handle:
+                from_file = tomllib.load(handle)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise CcoError(ErrorCode.INVALID_FIELD, f"config file {config_path}: {exc}") from exc
+        unknown = set(from_file) - set(_BY_NAME) - {"role"}
+        if unknown:
+            raise CcoError(
+                ErrorCode.INVALID_FIELD, f"config file {config_path}: unknown keys {sorted(unknown)}"
+            )
+    role = args.role or environ.get("CCO_ROLE") or from_file.get("role")
+    if role not in (R, A, E):
+        raise CcoError(ErrorCode.INVALID_FIELD, "--role must be one of rendezvous, aggregator, endpoint")
+    values: dict[str, Any] = {}
+    for option in OPTIONS:
+        raw: Any = getattr(args, option.name, None)
+        source = option.flag
+        if raw is None and option.env in environ:
+            raw, source = environ[option.env], option.env
+        if raw is None and option.name in from_file:
+            raw, source = from_file[option.name], f"{config_path}:{option.name}"
+            if not isinstance(raw, str):
+                raw = ",".join(raw) if isinstance(raw, list) else str(raw)
+        if raw is None:
+            values[option.name] = option.default
+            continue
+        try:
+            values[option.name] = option.parse(raw)
+        except ValueError as exc:
+            raise CcoError(ErrorCode.INVALID_FIELD, f"{source}: {exc}") from exc
+    return NodeConfig(role=role, values=values)
