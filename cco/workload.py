@@ -57,7 +57,7 @@ def make_input(seed: int, case_index: int, rank: int, dtype: DType, elements: in
     rng = np.random.default_rng([seed, case_index, rank])
     numpy_type = NUMPY_TYPES[dtype]
     if np.issubdtype(numpy_type, np.integer):
-        bound = 1000 if np.iinfo(numpy_type).max > 1000 else 3
+        bound = 1000 if np.dtype(numpy_type).itemsize > 1 else 3
         return rng.integers(-bound, bound, size=elements, endpoint=True).astype(numpy_type)
     return (rng.random(elements) * 2 - 1).astype(numpy_type)
 
