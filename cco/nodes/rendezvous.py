@@ -1,0 +1,710 @@
+"""The rendezvous role as a sans-I/O state machine: groups, ranks, trees, keys, epochs.
+
+Usage (the I/O layer, a test or ``cco.nodes.sim`` drives it the same way)::
+
+    rv = RendezvousMachine(RendezvousConfig(groups={gid: GroupConfig(world_size=4, credential=b"pw")}))
+    cmds = rv.handle(PeerConnected(peer="p1", node_id="agg-1", role=Role.AGGREGATOR), now)
+    cmds = rv.handle(MessageReceived(peer="p1", message=AggregatorRegister(...)), now)
+    ...
+    deadline = rv.next_deadline()          # call handle(TimerFired(), t) once t >= deadline
+
+``handle`` returns :class:`~cco.nodes.events.SendMessage` and
+:class:`~cco.nodes.events.ClosePeer` commands only; it never raises for peer input.
+``status()`` returns a frozen snapshot for the CLI and for tests.  Options:
+``RendezvousConfig.create_groups_on_join`` lets the first JoinRequest for an unknown
+group id create it with the joiner's world size and credential; ``random_bytes``
+(default ``os.urandom``) makes group secrets deterministic in tests.
+
+What peers see (draft section "Membership, Trees and Epochs"):
+
+* An aggregator sends AggregatorRegister and gets AggregatorAccept.  It receives a
+  TreeAssignment for each group whose tree includes it, and an EpochChange for each
+  group whose tree it was in when that tree ends.  It never receives key material.
+* An endpoint sends JoinRequest and gets JoinAccept (rank, epoch ``E``, secret,
+  params) or JoinReject.  While the group forms, the first tree arrives as
+  TreeAssignment for epoch ``E`` and the members are all ranks.  Joining a group
+  that already had a tree is a membership change: JoinAccept names the current
+  epoch ``E`` and an EpochChange for ``E + 1`` with the members bitmap follows.
+* Every later change (Leave, loss of a member, loss of an aggregator in the tree,
+  a better tree after an aggregator arrives) sends EpochChange(new epoch, members,
+  code) to the remaining members and to the old tree's aggregators, then new
+  TreeAssignments, aggregators root first, then endpoints by rank.  An aggregator
+  arriving re-plans every group, but a group whose plan would not change keeps its
+  epoch.  A group with no room for a tree waits (state WAITING) and gets its tree,
+  in its current epoch, as soon as capacity appears.
+* An aggregator's children may mix endpoints and aggregators (see
+  :mod:`cco.nodes.tree`); an endpoint child's NodeRef carries
+  :data:`~cco.nodes.tree.ENDPOINT_ADDRESS`.
+* Heartbeat(seq) goes to every peer each interval and echoes the last seq received
+  from it; a peer that sent nothing for three intervals is lost and closed.
+
+Refusals: a message another role may send is answered with Error(UNAUTHORIZED); a
+message not allowed in the peer's state, or one no peer may send to a rendezvous,
+with Error(PROTOCOL_VIOLATION); both leave the connection open.  A malformed
+message gets an Error with its decode code and the connection is closed.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TypeVar
+
+from cco.nodes.events import (
+    ClosePeer,
+    Command,
+    Input,
+    MessageMalformed,
+    PeerConnected,
+    PeerDisconnected,
+    PeerId,
+    SendMessage,
+    TimerFired,
+)
+from cco.nodes.fsm import TransitionTable
+from cco.nodes.tree import AggregatorInfo, MemberInfo, TreePlan, plan_tree
+from cco.wire.errors import CcoError, ErrorCode
+from cco.wire.fields import bitmap_from_ranks
+from cco.wire.messages import (
+    Address,
+    AggregatorAccept,
+    AggregatorRegister,
+    EpochChange,
+    Error,
+    GroupParams,
+    Heartbeat,
+    JoinAccept,
+    JoinReject,
+    JoinRequest,
+    Leave,
+    Message,
+    TreeAssignment,
+)
+from cco.wire.registries import GROUP_SECRET_SIZE, Role
+
+S = TypeVar("S", bound=Enum)
+
+LOSS_INTERVALS = 3
+"""A peer from which nothing arrived for this many heartbeat intervals is lost."""
+
+DEFAULT_PARAMS = GroupParams(
+    chunk_elements=65536, window=8, heartbeat_interval_ms=1000, operation_timeout_ms=30000
+)
+DEFAULT_FAN_IN = 16
+
+
+# --- configuration -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GroupConfig:
+    """A group the rendezvous knows before anyone joins; ``None`` means the default."""
+
+    world_size: int
+    credential: bytes
+    params: GroupParams | None = None
+    max_fan_in: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RendezvousConfig:
+    """``params.heartbeat_interval_ms`` is also the rendezvous's own heartbeat interval."""
+
+    groups: Mapping[bytes, GroupConfig] = field(default_factory=dict)
+    create_groups_on_join: bool = False
+    params: GroupParams = DEFAULT_PARAMS
+    max_fan_in: int = DEFAULT_FAN_IN
+
+    def __post_init__(self) -> None:
+        bounds = [self.max_fan_in, *(g.max_fan_in for g in self.groups.values() if g.max_fan_in)]
+        if min(bounds) < 2:
+            raise ValueError("a fan-in bound must be at least 2")
+
+
+# --- states and transitions --------------------------------------------------------
+
+
+class PeerState(Enum):
+    """One connection to the rendezvous."""
+
+    ENDPOINT = "endpoint"
+    REGISTERING = "registering"
+    AGGREGATOR = "aggregator"
+    CLOSED = "closed"
+
+
+class GroupState(Enum):
+    """One group.  PLANNING is transient: handle() never returns in it."""
+
+    FORMING = "forming"
+    PLANNING = "planning"
+    ACTIVE = "active"
+    WAITING = "waiting"
+    CLOSED = "closed"
+
+
+class MemberState(Enum):
+    """One member of one group."""
+
+    JOINED = "joined"
+    ASSIGNED = "assigned"
+    GONE = "gone"
+
+
+_GONE = {
+    "disconnected": PeerState.CLOSED,
+    "heartbeat_timeout": PeerState.CLOSED,
+    "malformed": PeerState.CLOSED,
+}
+
+PEER_TABLE: TransitionTable[PeerState] = TransitionTable(
+    "rendezvous peer",
+    {
+        PeerState.ENDPOINT: {
+            "JoinRequest": PeerState.ENDPOINT,
+            "Leave": PeerState.ENDPOINT,
+            "Heartbeat": PeerState.ENDPOINT,
+            "Error": PeerState.ENDPOINT,
+            **_GONE,
+        },
+        PeerState.REGISTERING: {
+            "AggregatorRegister": PeerState.AGGREGATOR,
+            "Heartbeat": PeerState.REGISTERING,
+            "Error": PeerState.REGISTERING,
+            **_GONE,
+        },
+        PeerState.AGGREGATOR: {
+            "Heartbeat": PeerState.AGGREGATOR,
+            "Error": PeerState.AGGREGATOR,
+            **_GONE,
+        },
+    },
+)
+
+_CHANGES = ("join", "leave", "lost", "aggregators_changed")
+
+GROUP_TABLE: TransitionTable[GroupState] = TransitionTable(
+    "rendezvous group",
+    {
+        GroupState.FORMING: {
+            "join": GroupState.FORMING,
+            "leave": GroupState.FORMING,
+            "lost": GroupState.FORMING,
+            "complete": GroupState.PLANNING,
+            "empty": GroupState.CLOSED,
+        },
+        GroupState.PLANNING: {"planned": GroupState.ACTIVE, "no_capacity": GroupState.WAITING},
+        GroupState.ACTIVE: {**dict.fromkeys(_CHANGES, GroupState.PLANNING), "empty": GroupState.CLOSED},
+        GroupState.WAITING: {**dict.fromkeys(_CHANGES, GroupState.PLANNING), "empty": GroupState.CLOSED},
+        GroupState.CLOSED: {"reopen": GroupState.FORMING},
+    },
+)
+
+MEMBER_TABLE: TransitionTable[MemberState] = TransitionTable(
+    "rendezvous member",
+    {
+        MemberState.JOINED: {
+            "assigned": MemberState.ASSIGNED,
+            "new_epoch": MemberState.JOINED,
+            "leave": MemberState.GONE,
+            "lost": MemberState.GONE,
+        },
+        MemberState.ASSIGNED: {
+            "new_epoch": MemberState.JOINED,
+            "leave": MemberState.GONE,
+            "lost": MemberState.GONE,
+        },
+    },
+)
+
+TABLES = (PEER_TABLE, GROUP_TABLE, MEMBER_TABLE)
+
+MAY_SEND: dict[Role, frozenset[type[Message]]] = {
+    Role.ENDPOINT: frozenset({JoinRequest, Leave, Heartbeat, Error}),
+    Role.AGGREGATOR: frozenset({AggregatorRegister, Heartbeat, Error}),
+}
+"""What each role may send to a rendezvous; another role's message is UNAUTHORIZED."""
+
+
+def _move(table: TransitionTable[S], state: S, event: str) -> S:
+    """An internal transition: a refusal here is a bug in this module, not peer input."""
+    if not table.allows(state, event):
+        raise RuntimeError(f"{table.name}: {event} in {state.name} is not in the table")
+    return table.next(state, event)
+
+
+def diagrams() -> str:
+    """The rendezvous state diagrams, exactly as the draft shows them."""
+    return "\n\n".join(t.to_ascii() for t in TABLES)
+
+
+# --- status snapshot ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MemberStatus:
+    rank: int
+    node_id: str
+    state: MemberState
+    labels: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStatus:
+    group_id: bytes
+    state: GroupState
+    epoch: int
+    world_size: int
+    members: tuple[MemberStatus, ...]
+    tree: TreePlan | None
+
+
+@dataclass(frozen=True, slots=True)
+class AggregatorStatus:
+    node_id: str
+    address: Address
+    capacity: int
+    max_fan_in: int
+    labels: tuple[str, ...]
+    groups: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RendezvousStatus:
+    groups: tuple[GroupStatus, ...]
+    aggregators: tuple[AggregatorStatus, ...]
+    peers: int
+
+
+# --- records -----------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Peer:
+    peer: PeerId
+    node_id: str
+    role: Role
+    state: PeerState
+    last_heard: float
+    next_heartbeat: float
+    echo_seq: int = 0
+    groups: set[bytes] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class _Member:
+    rank: int
+    node_id: str
+    peer: PeerId
+    labels: tuple[str, ...]
+    state: MemberState = MemberState.JOINED
+
+
+@dataclass(slots=True)
+class _Group:
+    group_id: bytes
+    world_size: int
+    credential: bytes
+    params: GroupParams
+    max_fan_in: int
+    secret: bytes
+    epoch: int
+    state: GroupState = GroupState.FORMING
+    members: dict[int, _Member] = field(default_factory=dict)
+    plan: TreePlan | None = None
+
+    def members_bitmap(self) -> bytes:
+        return bitmap_from_ranks(set(self.members))
+
+
+class RendezvousMachine:
+    """The rendezvous: see the module docstring for what it sends and when."""
+
+    def __init__(
+        self, config: RendezvousConfig | None = None, *, random_bytes: Callable[[int], bytes] = os.urandom
+    ) -> None:
+        self.config = config or RendezvousConfig()
+        self._random = random_bytes
+        self._interval = self.config.params.heartbeat_interval_ms / 1000.0
+        self._peers: dict[PeerId, _Peer] = {}
+        self._node_peers: dict[str, PeerId] = {}
+        self._aggregators: dict[str, AggregatorInfo] = {}
+        self._groups: dict[bytes, _Group] = {}
+        for group_id, cfg in sorted(self.config.groups.items()):
+            self._groups[group_id] = self._new_group(group_id, cfg.world_size, cfg.credential, epoch=1)
+
+    # --- driving interface ------------------------------------------------------
+
+    def handle(self, event: Input, now: float) -> list[Command]:
+        """Process one input at time ``now`` (seconds); returns what to send or close."""
+        out: list[Command] = []
+        if isinstance(event, PeerConnected):
+            self._connected(event, now, out)
+        elif isinstance(event, TimerFired):
+            self._timers(now, out)
+        elif event.peer not in self._peers:
+            pass  # late input for a connection this machine already closed
+        elif isinstance(event, PeerDisconnected):
+            self._gone(self._peers[event.peer], "disconnected", ErrorCode.PEER_LOST, out)
+        elif isinstance(event, MessageMalformed):
+            peer = self._peers[event.peer]
+            out.append(SendMessage(peer.peer, Error(code=event.error.code, detail=event.error.detail[:1024])))
+            out.append(ClosePeer(peer.peer, event.error.code, "malformed message"))
+            self._gone(peer, "malformed", ErrorCode.PEER_LOST, out)
+        else:
+            peer = self._peers[event.peer]
+            peer.last_heard = now
+            try:
+                event.message.to_map()  # field ranges: the codec checked them, a direct caller may not
+                self._message(peer, event.message, out)
+            except CcoError as exc:
+                error = Error(code=exc.code, detail=exc.detail[:1024], message_type=int(event.message.TYPE))
+                out.append(SendMessage(peer.peer, error))
+        return out
+
+    def next_deadline(self) -> float | None:
+        """The earliest heartbeat to send or loss to declare; None with no peers."""
+        times = [min(p.next_heartbeat, p.last_heard + self._loss_after(p)) for p in self._peers.values()]
+        return min(times, default=None)
+
+    def status(self) -> RendezvousStatus:
+        """A frozen snapshot of groups, members, aggregators and epochs."""
+        groups = tuple(
+            GroupStatus(
+                group_id=g.group_id,
+                state=g.state,
+                epoch=g.epoch,
+                world_size=g.world_size,
+                members=tuple(
+                    MemberStatus(rank=m.rank, node_id=m.node_id, state=m.state, labels=m.labels)
+                    for _, m in sorted(g.members.items())
+                ),
+                tree=g.plan,
+            )
+            for _, g in sorted(self._groups.items())
+        )
+        aggregators = tuple(
+            AggregatorStatus(
+                node_id=a.node_id,
+                address=a.address,
+                capacity=a.capacity,
+                max_fan_in=a.max_fan_in,
+                labels=a.labels,
+                groups=tuple(g.group_id for g in groups if g.tree and a.node_id in g.tree.aggregator_ids),
+            )
+            for _, a in sorted(self._aggregators.items())
+        )
+        return RendezvousStatus(groups=groups, aggregators=aggregators, peers=len(self._peers))
+
+    # --- connections and liveness -----------------------------------------------
+
+    def _connected(self, event: PeerConnected, now: float, out: list[Command]) -> None:
+        if event.peer in self._peers:
+            return  # the I/O layer reported the same connection twice
+        if event.role not in MAY_SEND:
+            out.append(
+                ClosePeer(event.peer, ErrorCode.UNAUTHORIZED, f"role {event.role.name} has no business here")
+            )
+            return
+        if event.node_id in self._node_peers:
+            out.append(ClosePeer(event.peer, ErrorCode.UNAUTHORIZED, f"{event.node_id} is already connected"))
+            return
+        state = PeerState.ENDPOINT if event.role is Role.ENDPOINT else PeerState.REGISTERING
+        self._peers[event.peer] = _Peer(
+            event.peer, event.node_id, event.role, state, last_heard=now, next_heartbeat=now + self._interval
+        )
+        self._node_peers[event.node_id] = event.peer
+
+    def _loss_after(self, peer: _Peer) -> float:
+        intervals = [
+            self._interval,
+            *(self._groups[g].params.heartbeat_interval_ms / 1000.0 for g in peer.groups),
+        ]
+        return LOSS_INTERVALS * max(intervals)
+
+    def _timers(self, now: float, out: list[Command]) -> None:
+        for peer in sorted(self._peers.values(), key=lambda p: p.peer):
+            if now >= peer.last_heard + self._loss_after(peer):
+                out.append(ClosePeer(peer.peer, ErrorCode.PEER_LOST, "no message for 3 heartbeat intervals"))
+                self._gone(peer, "heartbeat_timeout", ErrorCode.PEER_LOST, out)
+            elif now >= peer.next_heartbeat:
+                out.append(SendMessage(peer.peer, Heartbeat(seq=peer.echo_seq)))
+                peer.next_heartbeat = now + self._interval
+
+    def _gone(self, peer: _Peer, event: str, code: ErrorCode, out: list[Command]) -> None:
+        """The connection ended: its memberships or its aggregator go with it."""
+        peer.state = _move(PEER_TABLE, peer.state, event)
+        del self._peers[peer.peer]
+        del self._node_peers[peer.node_id]
+        for group_id in sorted(peer.groups):
+            group = self._groups[group_id]
+            (rank,) = [r for r, m in group.members.items() if m.peer == peer.peer]
+            self._remove_member(group, rank, "lost", code, out)
+        if self._aggregators.pop(peer.node_id, None) is not None:
+            self._aggregators_changed(out, lost=peer.node_id)
+        else:
+            self._retry_waiting(out)
+
+    # --- messages ---------------------------------------------------------------
+
+    def _message(self, peer: _Peer, message: Message, out: list[Command]) -> None:
+        kind = type(message)
+        if kind not in MAY_SEND[peer.role] and any(kind in allowed for allowed in MAY_SEND.values()):
+            raise CcoError(ErrorCode.UNAUTHORIZED, f"a {peer.role.name} may not send {kind.__name__}")
+        next_state = PEER_TABLE.next(peer.state, kind.__name__)
+        if isinstance(message, Heartbeat):
+            peer.echo_seq = message.seq
+        elif isinstance(message, JoinRequest):
+            self._join(peer, message, out)
+        elif isinstance(message, Leave):
+            self._leave(peer, message, out)
+        elif isinstance(message, AggregatorRegister):
+            self._register(peer, message, out)
+        peer.state = next_state
+
+    def _register(self, peer: _Peer, message: AggregatorRegister, out: list[Command]) -> None:
+        self._aggregators[peer.node_id] = AggregatorInfo(
+            node_id=peer.node_id,
+            address=message.address,
+            capacity=message.capacity,
+            max_fan_in=message.max_fan_in,
+            labels=message.labels,
+        )
+        accept = AggregatorAccept(
+            node_id=peer.node_id, heartbeat_interval_ms=self.config.params.heartbeat_interval_ms
+        )
+        out.append(SendMessage(peer.peer, accept))
+        self._aggregators_changed(out, lost=None)
+
+    def _join(self, peer: _Peer, request: JoinRequest, out: list[Command]) -> None:
+        group = self._groups.get(request.group_id)
+        try:
+            if group is None:
+                if not self.config.create_groups_on_join:
+                    raise CcoError(ErrorCode.UNKNOWN_GROUP, "no such group")
+                group = self._new_group(request.group_id, request.world_size, request.credential, epoch=1)
+                self._groups[request.group_id] = group
+            elif group.state is GroupState.CLOSED and request.group_id not in self.config.groups:
+                group.world_size, group.credential = request.world_size, request.credential
+            self._check_join(group, peer, request)
+        except CcoError as exc:
+            out.append(
+                SendMessage(
+                    peer.peer, JoinReject(group_id=request.group_id, code=exc.code, detail=exc.detail)
+                )
+            )
+            return
+        if group.state is GroupState.CLOSED:
+            group.state = _move(GROUP_TABLE, group.state, "reopen")
+            group.epoch += 1
+            group.secret = self._secret()
+        free = [r for r in range(group.world_size) if r not in group.members]
+        rank = request.rank if request.rank is not None else free[0]
+        group.members[rank] = _Member(rank, peer.node_id, peer.peer, request.labels)
+        peer.groups.add(group.group_id)
+        accept = JoinAccept(
+            group_id=group.group_id,
+            rank=rank,
+            world_size=group.world_size,
+            epoch=group.epoch,
+            group_secret=group.secret,
+            params=group.params,
+        )
+        out.append(SendMessage(peer.peer, accept))
+        self._membership_changed(group, "join", ErrorCode.NO_ERROR, out)
+
+    def _check_join(self, group: _Group, peer: _Peer, request: JoinRequest) -> None:
+        if not hmac.compare_digest(group.credential, request.credential):
+            raise CcoError(ErrorCode.BAD_CREDENTIAL, "credential does not match the group's")
+        if request.world_size != group.world_size:
+            raise CcoError(
+                ErrorCode.WORLD_SIZE_MISMATCH,
+                f"group has world_size {group.world_size}, not {request.world_size}",
+            )
+        if group.group_id in peer.groups:
+            raise CcoError(ErrorCode.PROTOCOL_VIOLATION, f"{peer.node_id} is already a member")
+        if len(group.members) >= group.world_size:
+            raise CcoError(ErrorCode.GROUP_FULL, f"all {group.world_size} ranks are taken")
+        if request.rank is not None and (request.rank in group.members or request.rank >= group.world_size):
+            raise CcoError(ErrorCode.RANK_UNAVAILABLE, f"rank {request.rank} is taken")
+
+    def _leave(self, peer: _Peer, message: Leave, out: list[Command]) -> None:
+        group = self._groups.get(message.group_id)
+        if group is None:
+            raise CcoError(ErrorCode.UNKNOWN_GROUP, "no such group")
+        member = group.members.get(message.rank)
+        if member is None or member.peer != peer.peer:
+            raise CcoError(ErrorCode.NOT_A_MEMBER, f"{peer.node_id} is not rank {message.rank}")
+        self._remove_member(group, message.rank, "leave", message.code, out)
+        self._retry_waiting(out)
+
+    # --- groups, epochs and trees ----------------------------------------------
+
+    def _new_group(self, group_id: bytes, world_size: int, credential: bytes, epoch: int) -> _Group:
+        cfg = self.config.groups.get(group_id)
+        return _Group(
+            group_id=group_id,
+            world_size=world_size,
+            credential=credential,
+            params=(cfg.params if cfg and cfg.params else None) or self.config.params,
+            max_fan_in=(cfg.max_fan_in if cfg and cfg.max_fan_in else None) or self.config.max_fan_in,
+            secret=self._secret(),
+            epoch=epoch,
+        )
+
+    def _secret(self) -> bytes:
+        secret = self._random(GROUP_SECRET_SIZE)
+        if len(secret) != GROUP_SECRET_SIZE:
+            raise ValueError(f"random source returned {len(secret)} bytes, not {GROUP_SECRET_SIZE}")
+        return secret
+
+    def _remove_member(
+        self, group: _Group, rank: int, event: str, code: ErrorCode, out: list[Command]
+    ) -> None:
+        member = group.members.pop(rank)
+        member.state = _move(MEMBER_TABLE, member.state, event)
+        peer = self._peers.get(member.peer)
+        if peer is not None:
+            peer.groups.discard(group.group_id)
+        self._membership_changed(group, event, code, out)
+
+    def _membership_changed(self, group: _Group, event: str, code: ErrorCode, out: list[Command]) -> None:
+        if group.state is GroupState.FORMING:
+            group.state = _move(GROUP_TABLE, group.state, event)
+            if not group.members:
+                group.state = _move(GROUP_TABLE, group.state, "empty")
+            elif len(group.members) == group.world_size:
+                group.state = _move(GROUP_TABLE, group.state, "complete")
+                self._plan(group, out)
+            return
+        if not group.members:
+            group.state = _move(GROUP_TABLE, group.state, "empty")
+            self._end_epoch(group, code, out)
+            return
+        group.state = _move(GROUP_TABLE, group.state, event)
+        self._end_epoch(group, code, out)
+        self._plan(group, out)
+
+    def _end_epoch(self, group: _Group, code: ErrorCode, out: list[Command]) -> None:
+        """Advance the epoch and tell the members and the old tree's aggregators."""
+        group.epoch += 1
+        change = EpochChange(
+            group_id=group.group_id, epoch=group.epoch, members=group.members_bitmap(), code=code
+        )
+        recipients = [m.peer for _, m in sorted(group.members.items())]
+        if group.plan is not None:
+            recipients += [
+                self._node_peers[p.node_id] for p in group.plan.aggregators if p.node_id in self._aggregators
+            ]
+        out.extend(SendMessage(peer, change) for peer in recipients)
+        for member in group.members.values():
+            member.state = _move(MEMBER_TABLE, member.state, "new_epoch")
+        group.plan = None
+
+    def _pool(self, group: _Group) -> list[AggregatorInfo]:
+        """Registered aggregators with the capacity left for ``group``."""
+        used: dict[str, int] = {}
+        for other in self._groups.values():
+            if other is not group and other.plan is not None:
+                for node_id in other.plan.aggregator_ids:
+                    used[node_id] = used.get(node_id, 0) + 1
+        pool = []
+        for node_id, info in sorted(self._aggregators.items()):
+            spare = info.capacity - used.get(node_id, 0)
+            if spare >= 1:
+                pool.append(AggregatorInfo(node_id, info.address, spare, info.max_fan_in, info.labels))
+        return pool
+
+    def _candidate(self, group: _Group) -> TreePlan | None:
+        members = {r: MemberInfo(m.node_id, m.labels) for r, m in group.members.items()}
+        try:
+            return plan_tree(members, self._pool(group), group.max_fan_in)
+        except CcoError:
+            return None
+
+    def _plan(self, group: _Group, out: list[Command]) -> None:
+        """PLANNING -> ACTIVE with a tree for the current epoch, or -> WAITING."""
+        plan = self._candidate(group)
+        if plan is None:
+            group.state = _move(GROUP_TABLE, group.state, "no_capacity")
+            return
+        self._assign(group, plan, out)
+
+    def _assign(self, group: _Group, plan: TreePlan, out: list[Command]) -> None:
+        group.plan = plan
+        group.state = _move(GROUP_TABLE, group.state, "planned")
+        for placement in plan.aggregators:
+            assignment = TreeAssignment(
+                group_id=group.group_id,
+                epoch=group.epoch,
+                world_size=group.world_size,
+                expected=placement.expected,
+                children=placement.children,
+                params=group.params,
+                parent=placement.parent,
+            )
+            out.append(SendMessage(self._node_peers[placement.node_id], assignment))
+        for rank, parent in plan.endpoint_parents:
+            member = group.members[rank]
+            assignment = TreeAssignment(
+                group_id=group.group_id,
+                epoch=group.epoch,
+                world_size=group.world_size,
+                expected=bitmap_from_ranks([rank]),
+                children=(),
+                params=group.params,
+                parent=parent,
+            )
+            out.append(SendMessage(member.peer, assignment))
+            member.state = _move(MEMBER_TABLE, member.state, "assigned")
+
+    def _retry_waiting(self, out: list[Command]) -> None:
+        for _, group in sorted(self._groups.items()):
+            if group.state is GroupState.WAITING:
+                group.state = _move(GROUP_TABLE, group.state, "aggregators_changed")
+                self._plan(group, out)
+
+    def _aggregators_changed(self, out: list[Command], lost: str | None) -> None:
+        """Re-plan after an aggregator arrived (``lost`` None) or was lost."""
+        for _, group in sorted(self._groups.items()):
+            if group.plan is not None and lost is not None and lost in group.plan.aggregator_ids:
+                group.state = _move(GROUP_TABLE, group.state, "aggregators_changed")
+                self._end_epoch(group, ErrorCode.PEER_LOST, out)
+                self._plan(group, out)
+        self._retry_waiting(out)
+        if lost is None:
+            for _, group in sorted(self._groups.items()):
+                if group.state is GroupState.ACTIVE and group.plan is not None:
+                    candidate = self._candidate(group)
+                    if candidate is None or candidate == group.plan:
+                        continue
+                    group.state = _move(GROUP_TABLE, group.state, "aggregators_changed")
+                    self._end_epoch(group, ErrorCode.NO_ERROR, out)
+                    self._assign(group, candidate, out)
+            self._retry_waiting(out)
+
+
+__all__ = [
+    "DEFAULT_FAN_IN",
+    "DEFAULT_PARAMS",
+    "GROUP_TABLE",
+    "LOSS_INTERVALS",
+    "MAY_SEND",
+    "MEMBER_TABLE",
+    "PEER_TABLE",
+    "TABLES",
+    "AggregatorStatus",
+    "GroupConfig",
+    "GroupState",
+    "GroupStatus",
+    "MemberState",
+    "MemberStatus",
+    "PeerState",
+    "RendezvousConfig",
+    "RendezvousMachine",
+    "RendezvousStatus",
+    "diagrams",
+]
