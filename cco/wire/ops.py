@@ -1,0 +1,92 @@
+"""What each reduction op and collective kind means for a chunk's integers.
+
+Only linear ops can be authenticated end to end: the homomorphic tag of a sum is
+the sum of the tags.  SUM and AVG (a sum divided by the contributor count at the
+endpoint) are linear, and so are the data-moving kinds, expressed as sums:
+BROADCAST is the root's data alone, ALL_GATHER the sum of zero-padded slices,
+BARRIER a sum over zero elements.  MIN, MAX and the bitwise ops have no tag; TLS
+protects them hop by hop, and an endpoint can still check that the result is
+consistent with its own contribution (:func:`inconsistency`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cco.wire.dtypes import element_type
+from cco.wire.errors import CcoError, ErrorCode
+from cco.wire.registries import Collective, DType, ReduceOp
+
+
+@dataclass(frozen=True, slots=True)
+class OpSemantics:
+    """Semantics of one ``ReduceOp`` code point."""
+
+    code: ReduceOp
+    verifiable: bool
+    """True when chunks carry a homomorphic tag checked end to end."""
+    combine: np.ufunc
+    """The exact elementwise combination of two int64 arrays."""
+    integer_only: bool
+    """Bitwise ops are meaningless on fixed-point floats."""
+
+
+OPS: dict[ReduceOp, OpSemantics] = {
+    o.code: o
+    for o in (
+        OpSemantics(ReduceOp.SUM, True, np.add, False),
+        OpSemantics(ReduceOp.AVG, True, np.add, False),
+        OpSemantics(ReduceOp.MIN, False, np.minimum, False),
+        OpSemantics(ReduceOp.MAX, False, np.maximum, False),
+        OpSemantics(ReduceOp.BAND, False, np.bitwise_and, True),
+        OpSemantics(ReduceOp.BOR, False, np.bitwise_or, True),
+        OpSemantics(ReduceOp.BXOR, False, np.bitwise_xor, True),
+    )
+}
+assert set(OPS) == set(ReduceOp), "every registered op has semantics"
+
+BIT_EXACT_KINDS = frozenset({Collective.BROADCAST, Collective.ALL_GATHER})
+"""Kinds that move data unchanged: floats travel as bit patterns, scale 0."""
+
+SUM_KINDS = frozenset({Collective.BROADCAST, Collective.ALL_GATHER, Collective.BARRIER})
+"""Kinds expressed as a SUM: their op field must be SUM."""
+
+
+def check_operation(kind: Collective, op: ReduceOp, dtype: DType, scale: int, total_elements: int) -> None:
+    """Refuse a header whose kind, op, dtype and scale do not fit together."""
+    if kind in SUM_KINDS and op is not ReduceOp.SUM:
+        raise CcoError(ErrorCode.INVALID_FIELD, f"{kind.name} chunks carry op SUM, not {op.name}")
+    if kind is Collective.BARRIER and total_elements != 0:
+        raise CcoError(ErrorCode.INVALID_FIELD, "a BARRIER carries no elements")
+    if OPS[op].integer_only and element_type(dtype).is_float:
+        raise CcoError(ErrorCode.UNSUPPORTED_FEATURE, f"{op.name} is not defined on {dtype.name}")
+    check_scale(kind, dtype, scale)
+
+
+def check_scale(kind: Collective, dtype: DType, scale: int) -> None:
+    """Only floats in reductions use fixed point; everything else is carried at scale 0."""
+    if scale != 0 and (kind in BIT_EXACT_KINDS or not element_type(dtype).is_float):
+        raise CcoError(ErrorCode.INVALID_FIELD, f"scale must be 0 for {dtype.name} in {kind.name}")
+
+
+def inconsistency(op: ReduceOp, result: np.ndarray, own: np.ndarray) -> str | None:
+    """Why ``result`` cannot be a reduction that includes ``own``, or None if it can."""
+    if op is ReduceOp.MAX:
+        bad = result < own
+        rule = "MAX below own value"
+    elif op is ReduceOp.MIN:
+        bad = result > own
+        rule = "MIN above own value"
+    elif op is ReduceOp.BOR:
+        bad = (result & own) != own
+        rule = "BOR lacks own bits"
+    elif op is ReduceOp.BAND:
+        bad = (result | own) != own
+        rule = "BAND has bits own lacks"
+    else:
+        return None
+    if bad.any():
+        return f"{rule} at element {int(np.argmax(bad))}"
+    return None
