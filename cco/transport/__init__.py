@@ -1,0 +1,28 @@
+"""The CCO transport: authenticated QUIC connections carrying framed CCO messages.
+
+Layers, lowest first: :mod:`~cco.transport.certs` (group CA, node certificates,
+identities), :mod:`~cco.transport.handshake` (Hello/HelloAck rules, pure),
+:mod:`~cco.transport.connection` (aioquic's sans-I/O connection plus mutual
+authentication and bounded credit), :mod:`~cco.transport.link` (one connection's
+streams, framing and flow control over asyncio) and :mod:`~cco.transport.endpoint`
+(:func:`serve` and :func:`connect`).
+"""
+
+from cco.transport.certs import NodeIdentity, create_dev_pki, identity_from_certificate
+from cco.transport.config import TransportConfig
+from cco.transport.endpoint import Server, connect, serve
+from cco.transport.handshake import LocalIdentity
+from cco.transport.link import LinkClosed, PeerLink
+
+__all__ = [
+    "LinkClosed",
+    "LocalIdentity",
+    "NodeIdentity",
+    "PeerLink",
+    "Server",
+    "TransportConfig",
+    "connect",
+    "create_dev_pki",
+    "identity_from_certificate",
+    "serve",
+]

@@ -1,0 +1,88 @@
+"""Transport settings: credentials, packet size, limits, and diagnostics output."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cco.transport.certs import CA_CERT_FILE, node_paths
+from cco.wire.framing import DEFAULT_MAX_MESSAGE_SIZE
+from cco.wire.registries import SUPPORTED_VERSIONS
+
+MiB = 1024 * 1024
+
+MIN_DATAGRAM_SIZE = 1200
+"""QUIC's floor (RFC 9000, section 14): every path must carry 1200-byte datagrams."""
+
+MAX_DATAGRAM_SIZE = 65507
+"""The largest UDP payload over IPv4; what a link really carries is usually far less."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TransportConfig:
+    """Everything a node's QUIC transport needs besides addresses and identity.
+
+    Flow control (see :mod:`cco.transport.link` for the full argument):
+
+    * ``receive_window``: QUIC credit the peer holds beyond what we have received
+      (connection-level MAX_DATA slides with receipt instead of aioquic's doubling).
+    * ``receive_buffer``: decoded messages the application has not read yet; above
+      it we stop extending credit, so the peer stalls after at most one more
+      ``receive_window``.  Memory per connection is therefore bounded by
+      ``receive_buffer + receive_window`` of messages plus one partial frame
+      (at most ``max_message_size``) per open stream.
+    * ``send_buffer``: bytes handed to QUIC but not yet sent; :meth:`PeerLink.drain`
+      waits while more than this is pending.
+    """
+
+    ca_file: Path
+    cert_file: Path
+    key_file: Path
+    max_datagram_size: int = 1452
+    """UDP payload size of the packets we send.  1452 fits a 1500-byte Ethernet MTU
+    over IPv6 (1500 - 40 - 8); loopback (MTU 65536) and jumbo-frame links allow far
+    more, and since aioquic's cost is per packet, ~16000 there is several times
+    faster (GUIDE section 5).  Above ~16000 gains flatten and 65000 fails."""
+    idle_timeout: float = 30.0
+    """Seconds of silence after which QUIC drops the connection (reported as PEER_LOST)."""
+    hello_timeout: float = 10.0
+    """Seconds a server waits for Hello after the TLS handshake before closing (TIMEOUT)."""
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    """Largest frame we accept; advertised to the peer in Hello/HelloAck capabilities."""
+    receive_window: int = 8 * MiB
+    receive_buffer: int = 32 * MiB
+    send_buffer: int = 8 * MiB
+    versions: tuple[int, ...] = SUPPORTED_VERSIONS
+    """Protocol versions offered (client) or accepted (server)."""
+    close_on_decode_error: bool = True
+    """If False, a well-framed message that fails to decode is raised from
+    :meth:`PeerLink.receive` and the connection stays open; framing errors are
+    always fatal, since the stream position is lost."""
+    qlog_dir: Path | None = None
+    """Write one qlog trace per connection here (kept in memory until it closes)."""
+    keylog_file: Path | None = None
+    """Append TLS secrets in NSS key log format (for Wireshark) to this file."""
+
+    def __post_init__(self) -> None:
+        if not MIN_DATAGRAM_SIZE <= self.max_datagram_size <= MAX_DATAGRAM_SIZE:
+            raise ValueError(
+                f"max_datagram_size {self.max_datagram_size} is outside "
+                f"[{MIN_DATAGRAM_SIZE}, {MAX_DATAGRAM_SIZE}]"
+            )
+        if not 1024 <= self.max_message_size <= (1 << 32) - 1:
+            raise ValueError(f"max_message_size {self.max_message_size} is outside [1024, 2^32 - 1]")
+        for name in ("idle_timeout", "hello_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive")
+        for name in ("receive_window", "receive_buffer", "send_buffer"):
+            if getattr(self, name) < 64 * 1024:
+                raise ValueError(f"{name} must be at least 64 KiB")
+        if not self.versions or any(not 0 <= v < 1 << 32 for v in self.versions):
+            raise ValueError(f"versions {self.versions} must be a non-empty list of 32-bit values")
+
+    @classmethod
+    def for_node(cls, pki_dir: Path, node_id: str, **overrides: Any) -> TransportConfig:
+        """The configuration of ``node_id`` in a directory written by ``create_dev_pki``."""
+        cert_file, key_file = node_paths(pki_dir, node_id)
+        return cls(ca_file=pki_dir / CA_CERT_FILE, cert_file=cert_file, key_file=key_file, **overrides)

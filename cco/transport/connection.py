@@ -1,0 +1,158 @@
+"""aioquic's sans-I/O ``QuicConnection``, extended with what CCO needs from it.
+
+Three things aioquic 1.7 does not offer through its public API, and how we get them:
+
+1. **Client certificates.**  aioquic's TLS server never asks for a client
+   certificate (``tls.Context._request_client_certificate`` is "for test purposes
+   only") and never verifies one.  :class:`CcoQuicConnection` sets that flag when
+   the TLS context is created and, when the handshake completes, verifies the chain
+   against the group CA with aioquic's own :func:`aioquic.tls.verify_certificate`.
+2. **Peer identity.**  Both sides read the peer certificate the TLS context kept
+   (``tls._peer_certificate``) and derive a :class:`NodeIdentity` from it.  A client
+   also checks that it reached ``expected_node_id``; we do this ourselves instead of
+   through ``server_name``, because aioquic treats an all-digit name such as ``"7"``
+   as an invalid host name and a dotted-quad one as an IP address.
+3. **Bounded receive credit.**  aioquic doubles MAX_DATA whenever half of it is used,
+   so the credit a peer holds grows with everything it ever sent.
+   :class:`ReceiveCredit` replaces that limit object: credit slides ``window`` bytes
+   beyond what was received, and stops growing while ``frozen``.
+
+A refused handshake is closed with CRYPTO_ERROR plus the TLS alert (RFC 9001,
+section 4.8), exactly as aioquic closes for alerts of its own, and every event after
+the refusal except the final ``ConnectionTerminated`` is swallowed: the adapter
+never sees an unauthenticated connection as established.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aioquic import tls
+from aioquic.quic import events
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import Limit, QuicConnection
+from aioquic.quic.packet import QuicErrorCode, QuicFrameType
+from cryptography import x509
+
+from cco.transport.certs import NodeIdentity, identity_from_certificate
+from cco.wire.errors import CcoError
+
+
+class ReceiveCredit(Limit):
+    """Connection-level MAX_DATA: ``received + window``, held still while ``frozen``.
+
+    aioquic computes the new limit as ``value * 2`` and assigns it; the setter turns
+    that request into our rule.  Credit is granted in steps of at least a quarter
+    window so that MAX_DATA frames stay rare, and it never decreases (RFC 9000,
+    section 4.1).
+    """
+
+    def __init__(self, original: Any, window: int) -> None:
+        self.window = window
+        self.frozen = False
+        self._value = 0
+        super().__init__(frame_type=original.frame_type, name=original.name, value=window)
+
+    @property
+    def value(self) -> int:
+        return self._value
+
+    @value.setter
+    def value(self, requested: int) -> None:
+        ceiling = self._value if self.frozen else self.used + self.window
+        grant = min(requested, ceiling)
+        if grant - self._value >= self.window // 4:
+            self._value = grant
+
+
+def _alert_code(alert: tls.Alert) -> int:
+    return int(QuicErrorCode.CRYPTO_ERROR) + int(alert.description)
+
+
+class _CertificateRequired(tls.Alert):
+    description = tls.AlertDescription.certificate_required
+
+
+class CcoQuicConnection(QuicConnection):
+    """A ``QuicConnection`` with mutual certificate authentication and bounded credit.
+
+    ``expected_node_id`` (clients only) is the node the client means to reach.
+    After ``HandshakeCompleted`` has been returned by :meth:`next_event`,
+    :attr:`peer_identity` names the authenticated peer.
+    """
+
+    def __init__(
+        self,
+        *,
+        configuration: QuicConfiguration,
+        receive_window: int,
+        expected_node_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(configuration=configuration, **kwargs)
+        self.credit = ReceiveCredit(self._local_max_data, receive_window)
+        self._local_max_data = self.credit
+        self.peer_identity: NodeIdentity | None = None
+        self._expected_node_id = expected_node_id
+        self._refused = False
+
+    @property
+    def stream_bytes_sent(self) -> int:
+        """Stream bytes sent at least once, over all streams (aioquic's own count)."""
+        return int(self._remote_max_data_used)
+
+    @property
+    def termination(self) -> events.ConnectionTerminated | None:
+        """Why the connection is closing, as soon as that is known.
+
+        aioquic reports ``ConnectionTerminated`` only when the closing or draining
+        period ends (three PTOs later); the adapter wants to know at once.
+        """
+        result: events.ConnectionTerminated | None = self._close_event
+        return result
+
+    def _initialize(self, peer_cid: bytes) -> None:
+        super()._initialize(peer_cid)
+        if not self._is_client:
+            self.tls._request_client_certificate = True
+
+    def next_event(self) -> events.QuicEvent | None:
+        while True:
+            event: events.QuicEvent | None = super().next_event()
+            if event is None or isinstance(event, events.ConnectionTerminated):
+                return event
+            if isinstance(event, events.HandshakeCompleted) and not self._refused:
+                self._authenticate_peer()
+            if not self._refused:
+                return event
+
+    def _authenticate_peer(self) -> None:
+        try:
+            self.peer_identity = self._verified_identity()
+        except tls.Alert as alert:
+            self._refused = True
+            self.close(
+                error_code=_alert_code(alert), frame_type=QuicFrameType.CRYPTO, reason_phrase=str(alert)
+            )
+
+    def _verified_identity(self) -> NodeIdentity:
+        certificate: x509.Certificate | None = self.tls._peer_certificate
+        if certificate is None:
+            raise _CertificateRequired("a CCO peer must present a certificate")
+        if not self._is_client:
+            # The client verified the server's chain inside TLS (verify_mode
+            # CERT_REQUIRED); aioquic's server has no such step, so we take it here.
+            tls.verify_certificate(
+                certificate=certificate,
+                chain=self.tls._peer_certificate_chain,
+                cafile=self._configuration.cafile,
+            )
+        try:
+            identity = identity_from_certificate(certificate)
+        except CcoError as exc:
+            raise tls.AlertBadCertificate(exc.detail) from exc
+        if self._expected_node_id is not None and identity.node_id != self._expected_node_id:
+            raise tls.AlertBadCertificate(
+                f"server certificate is for {identity.node_id!r}, expected {self._expected_node_id!r}"
+            )
+        return identity

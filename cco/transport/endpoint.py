@@ -1,0 +1,294 @@
+"""Opening links: :func:`serve` accepts CCO connections, :func:`connect` makes one.
+
+The server is our own small UDP demultiplexer rather than aioquic's ``QuicServer``,
+because that class constructs a plain ``QuicConnection`` itself and we need
+:class:`CcoQuicConnection` (client certificates, bounded credit) on every
+connection.  It does what any QUIC server must: route datagrams by destination
+connection id, answer unknown versions with Version Negotiation (RFC 9000,
+section 6), and start a connection only for a client Initial in a datagram of at
+least 1200 bytes (section 14.1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import socket
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import TextIO, cast
+
+from aioquic.buffer import Buffer  # type: ignore[attr-defined]  # re-exported from _buffer
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.logger import QuicFileLogger
+from aioquic.quic.packet import QuicPacketType, encode_quic_version_negotiation, pull_quic_header
+
+from cco.transport.certs import identity_from_certificate
+from cco.transport.config import MIN_DATAGRAM_SIZE, TransportConfig
+from cco.transport.connection import CcoQuicConnection
+from cco.transport.handshake import LocalIdentity
+from cco.transport.link import LinkProtocol, PeerLink
+from cco.wire.errors import CcoError, ErrorCode
+from cco.wire.registries import ALPN
+
+logger = logging.getLogger(__name__)
+
+ConnectionHandler = Callable[[PeerLink], Awaitable[None] | None]
+
+_CLOSE_GRACE = 3.0
+"""Seconds :meth:`Server.close` waits for connections to finish their closing period."""
+
+
+class _Diagnostics:
+    """The qlog writer and TLS key log file one server or client connection owns."""
+
+    def __init__(self, config: TransportConfig) -> None:
+        self.quic_logger: QuicFileLogger | None = None
+        self.keylog: TextIO | None = None
+        if config.qlog_dir is not None:
+            config.qlog_dir.mkdir(parents=True, exist_ok=True)
+            self.quic_logger = QuicFileLogger(str(config.qlog_dir))
+        if config.keylog_file is not None:
+            self.keylog = open(config.keylog_file, "a", buffering=1)  # noqa: SIM115 (closed by close())
+
+    def close(self) -> None:
+        if self.keylog is not None:
+            self.keylog.close()
+            self.keylog = None
+
+
+def _quic_configuration(
+    config: TransportConfig, local: LocalIdentity, *, is_client: bool, diagnostics: _Diagnostics
+) -> QuicConfiguration:
+    """The aioquic configuration for one side, after checking our own certificate.
+
+    ``server_name`` stays unset: the client checks the server's identity itself
+    (see :mod:`cco.transport.connection`), so no SNI is sent.
+    """
+    quic_config = QuicConfiguration(
+        is_client=is_client,
+        alpn_protocols=[ALPN],
+        idle_timeout=config.idle_timeout,
+        max_datagram_size=config.max_datagram_size,
+        max_data=config.receive_window,
+        max_stream_data=config.receive_window,
+        quic_logger=diagnostics.quic_logger,
+        secrets_log_file=diagnostics.keylog,
+        verify_mode=ssl.CERT_REQUIRED,
+    )
+    quic_config.load_cert_chain(config.cert_file, config.key_file)
+    quic_config.load_verify_locations(cafile=str(config.ca_file))
+    own = identity_from_certificate(quic_config.certificate)
+    if (own.node_id, own.role) != (local.node_id, local.role):
+        raise ValueError(
+            f"{config.cert_file} is for {own.node_id!r} as {own.role.name.lower()}, "
+            f"not {local.node_id!r} as {local.role.name.lower()}"
+        )
+    return quic_config
+
+
+class Server(asyncio.DatagramProtocol):
+    """Accepts CCO connections on one UDP socket; create it with :func:`serve`."""
+
+    def __init__(
+        self,
+        config: TransportConfig,
+        local: LocalIdentity,
+        on_connection: ConnectionHandler,
+        quic_config: QuicConfiguration,
+        diagnostics: _Diagnostics,
+    ) -> None:
+        self._config = config
+        self._local = local
+        self._on_connection = on_connection
+        self._quic_config = quic_config
+        self._diagnostics = diagnostics
+        self._transport: asyncio.DatagramTransport | None = None
+        self._routes: dict[bytes, LinkProtocol] = {}
+        self._protocols: set[LinkProtocol] = set()
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._closing = False
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The (host, port) the server is bound to (the real port when 0 was asked for)."""
+        assert self._transport is not None
+        host, port = self._transport.get_extra_info("sockname")[:2]
+        return host, port
+
+    @property
+    def links(self) -> list[PeerLink]:
+        """Currently open sessions."""
+        return [p.opened.result() for p in self._protocols if p.opened.done() and not p.opened.exception()]
+
+    async def close(self) -> None:
+        """Close every connection with SHUTTING_DOWN, stop handlers, release the socket."""
+        self._closing = True
+        for task in self._handlers:
+            task.cancel()
+        protocols = list(self._protocols)
+        for protocol in protocols:
+            protocol.fail(ErrorCode.SHUTTING_DOWN, "server shutting down")
+        if protocols:
+            await asyncio.wait(
+                [asyncio.ensure_future(p.wait_terminated()) for p in protocols], timeout=_CLOSE_GRACE
+            )
+        if self._handlers:
+            await asyncio.wait(self._handlers)
+        if self._transport is not None:
+            self._transport.close()
+        self._diagnostics.close()
+
+    # asyncio.DatagramProtocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.DatagramTransport, transport)
+
+    def datagram_received(self, data: bytes, addr: tuple[str | object, ...]) -> None:
+        assert self._transport is not None
+        try:
+            header = pull_quic_header(
+                Buffer(data=data), host_cid_length=self._quic_config.connection_id_length
+            )
+        except ValueError:
+            return
+        if (
+            header.packet_type != QuicPacketType.VERSION_NEGOTIATION
+            and header.version is not None
+            and header.version not in self._quic_config.supported_versions
+        ):
+            self._transport.sendto(
+                encode_quic_version_negotiation(
+                    source_cid=header.destination_cid,
+                    destination_cid=header.source_cid,
+                    supported_versions=self._quic_config.supported_versions,
+                ),
+                addr,
+            )
+            return
+        protocol = self._routes.get(header.destination_cid)
+        if protocol is None:
+            if self._closing or header.packet_type != QuicPacketType.INITIAL or len(data) < MIN_DATAGRAM_SIZE:
+                return
+            protocol = self._accept(header.destination_cid)
+        protocol.datagram_received(data, addr)
+
+    def _accept(self, original_cid: bytes) -> LinkProtocol:
+        quic = CcoQuicConnection(
+            configuration=self._quic_config,
+            receive_window=self._config.receive_window,
+            original_destination_connection_id=original_cid,
+        )
+        protocol = LinkProtocol(quic, config=self._config, local=self._local)
+        protocol.connection_made(cast(asyncio.BaseTransport, self._transport))
+        routes = self._routes
+        protocol._connection_id_issued_handler = lambda cid: routes.__setitem__(cid, protocol)
+        protocol._connection_id_retired_handler = lambda cid: self._unroute(cid)
+        protocol.add_termination_callback(lambda: self._forget(protocol))
+        protocol.opened.add_done_callback(self._on_opened)
+        routes[original_cid] = routes[quic.host_cid] = protocol
+        self._protocols.add(protocol)
+        return protocol
+
+    def _unroute(self, cid: bytes) -> None:
+        self._routes.pop(cid, None)
+
+    def _forget(self, protocol: LinkProtocol) -> None:
+        self._protocols.discard(protocol)
+        for cid in [cid for cid, p in self._routes.items() if p is protocol]:
+            del self._routes[cid]
+
+    def _on_opened(self, opened: asyncio.Future[PeerLink]) -> None:
+        if opened.cancelled() or opened.exception() is not None:
+            return
+        link = opened.result()
+        try:
+            result = self._on_connection(link)
+        except Exception as exc:
+            self._handler_failed(link, exc)
+            return
+        if inspect.isawaitable(result):
+            task = asyncio.ensure_future(result)
+            self._handlers.add(task)
+            task.add_done_callback(lambda t: self._handler_done(link, t))
+
+    def _handler_done(self, link: PeerLink, task: asyncio.Task[None]) -> None:
+        self._handlers.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._handler_failed(link, task.exception())
+
+    def _handler_failed(self, link: PeerLink, exc: BaseException | None) -> None:
+        logger.error("connection handler for %r failed", link, exc_info=exc)
+        link.close(ErrorCode.INTERNAL_ERROR, "connection handler failed")
+
+
+async def serve(
+    host: str,
+    port: int,
+    config: TransportConfig,
+    local: LocalIdentity,
+    on_connection: ConnectionHandler,
+) -> Server:
+    """Accept CCO connections on ``host``:``port`` (0 picks a free port).
+
+    ``on_connection`` is called with each :class:`PeerLink` once its session is
+    open; if it returns an awaitable, that runs as a task, cancelled by
+    :meth:`Server.close`.  A handler that raises closes its link with
+    INTERNAL_ERROR, never the server.
+    """
+    diagnostics = _Diagnostics(config)
+    try:
+        quic_config = _quic_configuration(config, local, is_client=False, diagnostics=diagnostics)
+        loop = asyncio.get_running_loop()
+        _, server = await loop.create_datagram_endpoint(
+            lambda: Server(config, local, on_connection, quic_config, diagnostics), local_addr=(host, port)
+        )
+    except BaseException:
+        diagnostics.close()
+        raise
+    return server
+
+
+async def connect(
+    host: str,
+    port: int,
+    config: TransportConfig,
+    local: LocalIdentity,
+    expected_node_id: str,
+    timeout: float = 10.0,
+) -> PeerLink:
+    """Open a CCO session with the node ``expected_node_id`` at ``host``:``port``.
+
+    Raises :class:`~cco.wire.errors.CcoError`: ``TIMEOUT`` if TLS and Hello/HelloAck
+    do not finish within ``timeout`` seconds, otherwise the reason the connection
+    closed (e.g. ``UNAUTHORIZED`` for a certificate the server refused, or one not
+    issued to ``expected_node_id``; ``UNSUPPORTED_VERSION``).
+    """
+    loop = asyncio.get_running_loop()
+    family, _, _, _, address = (await loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM))[0]
+    diagnostics = _Diagnostics(config)
+    try:
+        quic_config = _quic_configuration(config, local, is_client=True, diagnostics=diagnostics)
+        quic = CcoQuicConnection(
+            configuration=quic_config, receive_window=config.receive_window, expected_node_id=expected_node_id
+        )
+        wildcard = "::" if family == socket.AF_INET6 else "0.0.0.0"
+        transport, protocol = await loop.create_datagram_endpoint(
+            lambda: LinkProtocol(quic, config=config, local=local), local_addr=(wildcard, 0)
+        )
+    except BaseException:
+        diagnostics.close()
+        raise
+    protocol.add_termination_callback(transport.close)
+    protocol.add_termination_callback(diagnostics.close)
+    protocol.connect(address)
+    try:
+        return await asyncio.wait_for(asyncio.shield(protocol.opened), timeout)
+    except TimeoutError:
+        detail = f"no session with {expected_node_id!r} at {host}:{port} within {timeout} s"
+        protocol.fail(ErrorCode.TIMEOUT, detail)
+        raise CcoError(ErrorCode.TIMEOUT, detail) from None
+    except asyncio.CancelledError:
+        protocol.fail(ErrorCode.ABORTED, "connect() was cancelled")
+        raise

@@ -1,0 +1,514 @@
+"""One authenticated CCO connection: streams, framing, handshake and flow control.
+
+:class:`LinkProtocol` is the asyncio adapter over one :class:`CcoQuicConnection`;
+:class:`PeerLink` is the small object the service layer holds once the session is
+open.  The mapping onto QUIC (draft section "QUIC Mapping"):
+
+* The client's first bidirectional stream (id 0) is the **control stream**:
+  ``Hello`` / ``HelloAck`` first, then ``Error``, ``Heartbeat``, membership and
+  control messages in both directions.
+* **Data messages** (chunks, ``ChunkAck``, ``RetransmitRequest``, ``Abort``) travel
+  on unidirectional streams, one per (direction, group): opened on first use and
+  kept, so the messages of one group stay in order and a loss in one group never
+  stalls another.  Every message on a data stream carries the same ``group_id``.
+* Every message is a frame (:mod:`cco.wire.framing`); each stream has its own
+  :class:`FrameDecoder`, since QUIC keeps no message boundaries.
+* Connection close carries the :class:`ErrorCode` as the application error code.
+
+**Transmission.**  Writing only queues data in the QUIC connection.  All datagrams
+leave through :meth:`LinkProtocol.transmit`; our own writes reach it through
+:meth:`LinkProtocol._schedule_transmit`, which coalesces a burst of ``send()`` calls
+into one transmit on the next loop iteration.
+
+**Flow control.**  Received messages are decoded at once and queued until the
+application calls :meth:`PeerLink.receive`.  When the queued bytes exceed
+``receive_buffer`` we freeze QUIC connection credit (:class:`ReceiveCredit`), so a
+fast peer stalls instead of growing our memory; reading below half the buffer thaws
+it.  The freeze only ever waits for the application, never for the peer, so it
+cannot deadlock: a frozen link always has a message ready to read.  On the sending
+side :meth:`PeerLink.drain` waits while more than ``send_buffer`` bytes are queued
+but not yet sent.
+
+**Errors.**  Any protocol error from the peer (bad framing, an undecodable
+message, a message on the wrong stream, a lying Hello) closes the connection with
+that error's code; the application sees it as :class:`LinkClosed` from
+``receive()`` and in ``wait_closed()``.  Nothing a peer sends raises out of the
+event loop's callbacks, so other connections are unaffected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+
+from aioquic.asyncio.protocol import QuicConnectionProtocol
+from aioquic.quic import events
+from aioquic.quic.packet import QuicErrorCode
+from aioquic.tls import AlertDescription
+
+from cco.transport.config import TransportConfig
+from cco.transport.connection import CcoQuicConnection
+from cco.transport.handshake import LocalIdentity, Session, accept_hello_ack, build_hello, negotiate
+from cco.wire.errors import CcoError, DecodeError, ErrorCode
+from cco.wire.framing import FrameDecoder, encode_frame
+from cco.wire.messages import (
+    Abort,
+    ChunkAck,
+    ChunkMessage,
+    Error,
+    Hello,
+    HelloAck,
+    Message,
+    RetransmitRequest,
+    decode_message,
+    encode_message,
+)
+from cco.wire.registries import ALPN, MessageType, Role
+
+CONTROL_STREAM_ID = 0
+DATA_MESSAGES = (ChunkMessage, ChunkAck, RetransmitRequest, Abort)
+"""Message classes that travel on per-group data streams; all others use the control stream."""
+
+_MAX_DETAIL = 1024  # Error.detail limit (cco.wire.messages)
+_MAX_REASON = 256  # bytes of detail copied into CONNECTION_CLOSE
+
+
+class LinkClosed(CcoError):
+    """The link is closed; ``code`` and ``detail`` say why (as in ``wait_closed()``)."""
+
+
+def describe_termination(event: events.ConnectionTerminated) -> tuple[ErrorCode, str]:
+    """Map how QUIC ended a connection onto the CCO error registry."""
+    reason = event.reason_phrase
+    if event.frame_type is None:  # CONNECTION_CLOSE of type 0x1d: a CCO error code
+        try:
+            return ErrorCode(event.error_code), reason
+        except ValueError:
+            return ErrorCode.PROTOCOL_VIOLATION, f"unknown application error 0x{event.error_code:x}: {reason}"
+    code = event.error_code
+    if QuicErrorCode.CRYPTO_ERROR <= code <= QuicErrorCode.CRYPTO_ERROR + 0xFF:
+        alert = code - QuicErrorCode.CRYPTO_ERROR
+        try:
+            name = AlertDescription(alert).name
+        except ValueError:
+            name = str(alert)
+        if alert == AlertDescription.no_application_protocol:
+            return ErrorCode.UNSUPPORTED_VERSION, f"TLS alert {name} (ALPN {ALPN} refused): {reason}"
+        return ErrorCode.UNAUTHORIZED, f"TLS handshake refused, alert {name}: {reason}"
+    if reason == "Idle timeout":
+        return ErrorCode.PEER_LOST, "idle timeout: nothing received from the peer"
+    if code == QuicErrorCode.NO_ERROR:
+        return ErrorCode.NO_ERROR, reason
+    return ErrorCode.PROTOCOL_VIOLATION, f"QUIC transport error 0x{code:x}: {reason}"
+
+
+def _truncate(text: str, limit: int) -> str:
+    data = text.encode()
+    return text if len(data) <= limit else data[:limit].decode(errors="ignore")
+
+
+class _Phase(enum.Enum):
+    HANDSHAKE = enum.auto()  # TLS in progress
+    HELLO = enum.auto()  # TLS done, Hello / HelloAck pending
+    OPEN = enum.auto()
+    CLOSED = enum.auto()
+
+
+class _InboundStream:
+    """Receive state of one stream: its decoder and, for data streams, its group."""
+
+    __slots__ = ("decoder", "group_id", "is_control")
+
+    def __init__(self, max_message_size: int, is_control: bool) -> None:
+        self.decoder = FrameDecoder(max_message_size)
+        self.is_control = is_control
+        self.group_id: bytes | None = None
+
+
+class LinkProtocol(QuicConnectionProtocol):
+    """Drives one CCO connection from the TLS handshake to its close.
+
+    ``opened`` resolves to the :class:`PeerLink` once Hello/HelloAck succeeded, or
+    fails with :class:`LinkClosed` if the connection ends first.
+    """
+
+    def __init__(
+        self,
+        quic: CcoQuicConnection,
+        *,
+        config: TransportConfig,
+        local: LocalIdentity,
+    ) -> None:
+        super().__init__(quic)
+        self._cco = quic
+        self._config = config
+        self._local = replace(
+            local, capabilities=replace(local.capabilities, max_message_size=config.max_message_size)
+        )
+        self._is_client = quic.configuration.is_client
+        self._phase = _Phase.HANDSHAKE
+        self._hello: Hello | None = None
+        self._hello_timer: asyncio.TimerHandle | None = None
+        self._inbound: dict[int, _InboundStream] = {}
+        self._outbound: dict[bytes, int] = {}
+        self._send_limit = config.max_message_size
+        self._queued_bytes = 0  # bytes ever handed to QUIC
+        self._inbox: deque[tuple[Message | CcoError, int]] = deque()
+        self._inbox_bytes = 0
+        self._readable = asyncio.Event()
+        self._drainers: list[asyncio.Future[None]] = []
+        self._transmit_handle: asyncio.Handle | None = None
+        self._close_reason: tuple[ErrorCode, str] | None = None
+        self._terminated = asyncio.Event()
+        self._on_terminated: list[Callable[[], None]] = []
+        self.opened: asyncio.Future[PeerLink] = self._loop.create_future()
+        self.opened.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    # --- the one transmit path ---------------------------------------------------
+
+    def transmit(self) -> None:
+        """Send what QUIC has ready; the only place datagrams leave this link."""
+        self._transmit_handle = None
+        super().transmit()
+        self._wake_drainers()
+
+    def _schedule_transmit(self) -> None:
+        if self._transmit_handle is None:
+            self._transmit_handle = self._loop.call_soon(self.transmit)
+
+    # --- application side ---------------------------------------------------------
+
+    @property
+    def close_reason(self) -> tuple[ErrorCode, str] | None:
+        return self._close_reason
+
+    def add_termination_callback(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the QUIC connection has fully terminated."""
+        self._on_terminated.append(callback)
+
+    def send_message(self, message: Message) -> None:
+        if self._close_reason is not None:
+            raise LinkClosed(*self._close_reason)
+        frame = encode_frame(encode_message(message), self._send_limit)
+        if isinstance(message, DATA_MESSAGES):
+            stream_id = self._outbound.get(message.group_id)
+            if stream_id is None:
+                stream_id = self._quic.get_next_available_stream_id(is_unidirectional=True)
+                self._outbound[message.group_id] = stream_id
+        else:
+            stream_id = CONTROL_STREAM_ID
+        self._write(stream_id, frame)
+
+    def _write(self, stream_id: int, frame: bytes) -> None:
+        self._quic.send_stream_data(stream_id, frame)
+        self._queued_bytes += len(frame)
+        self._schedule_transmit()
+
+    def _unsent(self) -> int:
+        return self._queued_bytes - self._cco.stream_bytes_sent
+
+    async def drain(self) -> None:
+        while True:
+            if self._close_reason is not None:
+                raise LinkClosed(*self._close_reason)
+            if self._unsent() <= self._config.send_buffer:
+                return
+            waiter: asyncio.Future[None] = self._loop.create_future()
+            self._drainers.append(waiter)
+            await waiter
+
+    def _wake_drainers(self) -> None:
+        if self._drainers and (self._close_reason is not None or self._unsent() <= self._config.send_buffer):
+            for waiter in self._drainers:
+                if not waiter.done():
+                    waiter.set_result(None)
+            self._drainers.clear()
+
+    async def receive(self) -> Message:
+        while True:
+            if self._inbox:
+                item, size = self._inbox.popleft()
+                self._inbox_bytes -= size
+                credit = self._cco.credit
+                if credit.frozen and self._inbox_bytes <= self._config.receive_buffer // 2:
+                    credit.frozen = False
+                    self._schedule_transmit()
+                if isinstance(item, CcoError):
+                    raise item
+                return item
+            if self._close_reason is not None:
+                raise LinkClosed(*self._close_reason)
+            self._readable.clear()
+            await self._readable.wait()
+
+    def _enqueue(self, item: Message | CcoError, size: int) -> None:
+        self._inbox.append((item, size))
+        self._inbox_bytes += size
+        if self._inbox_bytes > self._config.receive_buffer:
+            self._cco.credit.frozen = True
+        self._readable.set()
+
+    def fail(self, code: ErrorCode, detail: str) -> None:
+        """Close the connection with ``code`` (sent to the peer as the application error)."""
+        if self._close_reason is not None:
+            return
+        self._quic.close(error_code=int(code), reason_phrase=_truncate(detail, _MAX_REASON))
+        self._schedule_transmit()
+        self._mark_closed(code, detail)
+
+    async def wait_terminated(self) -> tuple[ErrorCode, str]:
+        await self._terminated.wait()
+        assert self._close_reason is not None
+        return self._close_reason
+
+    def _mark_closed(self, code: ErrorCode, detail: str) -> None:
+        if self._close_reason is not None:
+            return
+        self._close_reason = (code, detail)
+        self._phase = _Phase.CLOSED
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
+        if not self.opened.done():
+            self.opened.set_exception(LinkClosed(code, detail))
+        self._readable.set()
+        self._wake_drainers()
+
+    # --- QUIC side ----------------------------------------------------------------
+
+    def datagram_received(self, data: bytes | str, addr: tuple[object, ...]) -> None:
+        super().datagram_received(data, addr)
+        termination = self._cco.termination
+        if termination is not None and self._close_reason is None:
+            self._mark_closed(*describe_termination(termination))  # the peer closed
+
+    def quic_event_received(self, event: events.QuicEvent) -> None:
+        if isinstance(event, events.ConnectionTerminated):
+            self._mark_closed(*describe_termination(event))
+            self._terminated.set()
+            for callback in self._on_terminated:
+                callback()
+        elif self._close_reason is not None:
+            return
+        elif isinstance(event, events.HandshakeCompleted):
+            self._on_handshake_completed(event)
+        elif isinstance(event, events.StreamDataReceived):
+            self._on_stream_data(event.stream_id, event.data, event.end_stream)
+        elif isinstance(event, (events.StreamReset, events.StopSendingReceived)):
+            self.fail(ErrorCode.PROTOCOL_VIOLATION, f"stream {event.stream_id} was reset or stopped")
+
+    def _on_handshake_completed(self, event: events.HandshakeCompleted) -> None:
+        if event.alpn_protocol != ALPN:
+            self.fail(ErrorCode.UNSUPPORTED_VERSION, f"ALPN {event.alpn_protocol!r} is not {ALPN!r}")
+            return
+        self._phase = _Phase.HELLO
+        if self._is_client:
+            self._hello = build_hello(self._local, self._config.versions)
+            self._write(CONTROL_STREAM_ID, encode_frame(encode_message(self._hello)))
+        else:
+            self._hello_timer = self._loop.call_later(
+                self._config.hello_timeout,
+                self.fail,
+                ErrorCode.TIMEOUT,
+                f"no Hello within {self._config.hello_timeout} s of the TLS handshake",
+            )
+
+    def _on_stream_data(self, stream_id: int, data: bytes, end_stream: bool) -> None:
+        stream = self._inbound.get(stream_id)
+        if stream is None:
+            stream = self._accept_stream(stream_id)
+            if stream is None:
+                return
+        try:
+            frames = stream.decoder.feed(data)
+        except DecodeError as exc:
+            self.fail(exc.code, f"stream {stream_id}: {exc.detail}")
+            return
+        for frame in frames:
+            if not self._on_frame(stream, frame):
+                return
+        if end_stream:
+            if not stream.decoder.at_boundary():
+                self.fail(ErrorCode.FRAMING_ERROR, f"stream {stream_id} ended inside a frame")
+            elif stream.is_control:
+                self.fail(ErrorCode.PROTOCOL_VIOLATION, "the control stream was finished")
+            else:
+                del self._inbound[stream_id]
+
+    def _accept_stream(self, stream_id: int) -> _InboundStream | None:
+        """Receive state for a stream the peer started using, or None after failing.
+
+        Stream id bits (RFC 9000, section 2.1): 0x1 is set on server-initiated
+        streams, 0x2 on unidirectional ones.
+        """
+        peer_initiated = bool(stream_id & 0x1) == self._is_client
+        if stream_id == CONTROL_STREAM_ID:
+            is_control = True
+        elif peer_initiated and stream_id & 0x2:
+            is_control = False
+        else:
+            self.fail(
+                ErrorCode.PROTOCOL_VIOLATION, f"stream {stream_id} is neither the control nor a data stream"
+            )
+            return None
+        stream = _InboundStream(self._config.max_message_size, is_control)
+        self._inbound[stream_id] = stream
+        return stream
+
+    def _on_frame(self, stream: _InboundStream, frame: bytes) -> bool:
+        """Handle one complete frame; False once the connection has been failed."""
+        try:
+            message = decode_message(frame)
+        except DecodeError as exc:
+            if self._config.close_on_decode_error or self._phase is not _Phase.OPEN:
+                self.fail(exc.code, exc.detail)
+                return False
+            self._enqueue(exc, len(frame))
+            return True
+        if stream.is_control:
+            self._on_control_message(message, len(frame))
+        else:
+            self._on_data_message(stream, message, len(frame))
+        return self._close_reason is None
+
+    def _on_control_message(self, message: Message, size: int) -> None:
+        if self._phase is _Phase.HELLO:
+            if self._is_client:
+                self._on_hello_answer(message)
+            elif isinstance(message, Hello):
+                self._on_hello(message)
+            else:
+                self.fail(ErrorCode.PROTOCOL_VIOLATION, f"expected Hello, got {type(message).__name__}")
+        elif self._phase is not _Phase.OPEN:
+            self.fail(ErrorCode.PROTOCOL_VIOLATION, "control message before the TLS handshake completed")
+        elif isinstance(message, (Hello, HelloAck)):
+            self.fail(ErrorCode.PROTOCOL_VIOLATION, f"{type(message).__name__} after the session opened")
+        elif isinstance(message, DATA_MESSAGES):
+            self.fail(ErrorCode.PROTOCOL_VIOLATION, f"{type(message).__name__} on the control stream")
+        else:
+            self._enqueue(message, size)
+
+    def _on_data_message(self, stream: _InboundStream, message: Message, size: int) -> None:
+        if not isinstance(message, DATA_MESSAGES):
+            self.fail(ErrorCode.PROTOCOL_VIOLATION, f"{type(message).__name__} on a data stream")
+            return
+        if stream.group_id is None:
+            stream.group_id = message.group_id
+        elif message.group_id != stream.group_id:
+            self.fail(ErrorCode.PROTOCOL_VIOLATION, "a data stream carries messages of two groups")
+            return
+        # A client may see data overtake the HelloAck (another stream, another
+        # packet), so it queues it; a server has sent no HelloAck yet, so data
+        # before Hello is a violation.
+        if self._phase is _Phase.OPEN or (self._is_client and self._phase is _Phase.HELLO):
+            self._enqueue(message, size)
+        else:
+            self.fail(ErrorCode.PROTOCOL_VIOLATION, "data message before the session opened")
+
+    def _on_hello(self, hello: Hello) -> None:
+        assert self._cco.peer_identity is not None
+        try:
+            ack, session = negotiate(hello, self._local, self._cco.peer_identity, self._config.versions)
+        except CcoError as exc:
+            # Error first, then the close; transmit in between, because a closing
+            # QUIC connection sends nothing but CONNECTION_CLOSE.  Both carry the code.
+            error = Error(
+                code=exc.code, detail=_truncate(exc.detail, _MAX_DETAIL), message_type=MessageType.HELLO
+            )
+            self._write(CONTROL_STREAM_ID, encode_frame(encode_message(error)))
+            self.transmit()
+            self.fail(exc.code, exc.detail)
+            return
+        self._write(CONTROL_STREAM_ID, encode_frame(encode_message(ack)))
+        self._open(session)
+
+    def _on_hello_answer(self, message: Message) -> None:
+        assert self._hello is not None and self._cco.peer_identity is not None
+        if isinstance(message, Error):
+            self.fail(message.code, f"the server refused the session: {message.detail}")
+        elif isinstance(message, HelloAck):
+            try:
+                session = accept_hello_ack(message, self._hello, self._cco.peer_identity)
+            except CcoError as exc:
+                self.fail(exc.code, exc.detail)
+                return
+            self._open(session)
+        else:
+            self.fail(ErrorCode.PROTOCOL_VIOLATION, f"expected HelloAck, got {type(message).__name__}")
+
+    def _open(self, session: Session) -> None:
+        self._phase = _Phase.OPEN
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
+        self._send_limit = min(self._config.max_message_size, session.capabilities.max_message_size)
+        self.opened.set_result(PeerLink(self, session))
+
+
+class PeerLink:
+    """One open, authenticated CCO session with a peer.
+
+    ``node_id`` and ``role`` come from the peer's certificate (Hello/HelloAck had to
+    agree with it); ``capabilities`` are the peer's as it declared them, and
+    ``extensions`` the extension ids both sides support.
+    """
+
+    def __init__(self, protocol: LinkProtocol, session: Session) -> None:
+        self._protocol = protocol
+        self.node_id: str = session.node_id
+        self.role: Role = session.role
+        self.version = session.version
+        self.capabilities = session.capabilities
+        self.extensions = session.extensions
+
+    def __repr__(self) -> str:
+        return f"PeerLink({self.node_id!r}, {self.role.name.lower()}, v{self.version})"
+
+    def send(self, message: Message) -> None:
+        """Queue ``message`` (on the control stream, or its group's data stream).
+
+        Raises :class:`~cco.wire.errors.EncodeError` for a message that cannot be
+        encoded or exceeds the peer's ``max_message_size``, :class:`LinkClosed` once
+        the link is closed.  Never blocks: pair bursts with :meth:`drain`.
+        """
+        self._protocol.send_message(message)
+
+    async def drain(self) -> None:
+        """Wait until at most ``send_buffer`` bytes are queued but unsent."""
+        await self._protocol.drain()
+
+    async def receive(self) -> Message:
+        """The next message from the peer, in arrival order (per group: send order).
+
+        Raises :class:`LinkClosed` once the link is closed and every message that
+        arrived before the close has been read.  With ``close_on_decode_error``
+        off, an undecodable message is raised here as its ``DecodeError``.
+        """
+        return await self._protocol.receive()
+
+    def __aiter__(self) -> AsyncIterator[Message]:
+        return self._messages()
+
+    async def _messages(self) -> AsyncIterator[Message]:
+        """Messages until the link closes: normally (NO_ERROR) ends the loop, else raises."""
+        while True:
+            try:
+                yield await self._protocol.receive()
+            except LinkClosed as closed:
+                if closed.code is ErrorCode.NO_ERROR:
+                    return
+                raise
+
+    @property
+    def close_reason(self) -> tuple[ErrorCode, str] | None:
+        """Why the link closed, or None while it is open."""
+        return self._protocol.close_reason
+
+    def close(self, code: ErrorCode = ErrorCode.NO_ERROR, detail: str = "") -> None:
+        """Close the connection, telling the peer ``code`` and ``detail``."""
+        self._protocol.fail(code, detail)
+
+    async def wait_closed(self) -> tuple[ErrorCode, str]:
+        """Wait until the connection has terminated; return why it closed."""
+        return await self._protocol.wait_terminated()
