@@ -1,0 +1,83 @@
+"""``cco-interop``: regenerate the interoperability vectors, or check them.
+
+``generate`` rewrites every vector file; ``check`` reads the committed files,
+verifies each vector against this implementation (the equations of
+``interop/README.md``) and confirms that a fresh generation reproduces every
+file byte for byte.  ``check`` exits 1 on any problem, so CI can run it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from cco.interop.generate import compare, default_vector_dir, write
+from cco.interop.verify import SEMANTIC_CHECKS
+
+
+def _generate(args: argparse.Namespace) -> int:
+    out: Path = args.out or default_vector_dir()
+    for path in write(out):
+        count = len(json.loads(path.read_text(encoding="utf-8")))
+        print(f"wrote {path} ({count} vectors)")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    directory: Path = args.dir or default_vector_dir()
+    problems: list[str] = []
+    for file_name, check in SEMANTIC_CHECKS.items():
+        path = directory / file_name
+        if not path.is_file():
+            continue  # reported by compare() below
+        vectors = json.loads(path.read_text(encoding="utf-8"))
+        found = check(vectors)
+        failed = sum(1 for v in vectors if any(p.startswith(f"{v.get('name')}:") for p in found))
+        print(f"{file_name}: {len(vectors)} vectors, {len(vectors) - failed} hold, {failed} fail")
+        problems += [f"{file_name}: {p}" for p in found]
+    reproduced = compare(directory)
+    print(f"regeneration: {'identical' if not reproduced else f'{len(reproduced)} file(s) differ'}")
+    problems += reproduced
+    for problem in problems:
+        print(f"FAIL {problem}", file=sys.stderr)
+    print("OK" if not problems else f"{len(problems)} problem(s)")
+    return 0 if not problems else 1
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="cco-interop",
+        description="Generate and check the CCO interoperability test vectors (see interop/README.md).",
+    )
+    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    gen = commands.add_parser(
+        "generate", help="rewrite every vector file", description="Rewrite every vector file (deterministic)."
+    )
+    gen.add_argument(
+        "--out", type=Path, metavar="DIR", help="output directory (default: interop/vectors of the checkout)"
+    )
+    gen.set_defaults(run=_generate)
+    chk = commands.add_parser(
+        "check",
+        help="verify committed vectors against this implementation",
+        description="Verify every vector against this implementation and check that a fresh "
+        "generation reproduces the files byte for byte; exit 1 on any problem.",
+    )
+    chk.add_argument(
+        "--dir", type=Path, metavar="DIR", help="vector directory (default: interop/vectors of the checkout)"
+    )
+    chk.set_defaults(run=_check)
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    result: int = args.run(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())
