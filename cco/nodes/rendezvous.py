@@ -258,6 +258,8 @@ class GroupStatus:
     state: GroupState
     epoch: int
     world_size: int
+    max_fan_in: int
+    params: GroupParams
     members: tuple[MemberStatus, ...]
     tree: TreePlan | None
 
@@ -378,6 +380,8 @@ class RendezvousMachine:
                 state=g.state,
                 epoch=g.epoch,
                 world_size=g.world_size,
+                max_fan_in=g.max_fan_in,
+                params=g.params,
                 members=tuple(
                     MemberStatus(rank=m.rank, node_id=m.node_id, state=m.state, labels=m.labels)
                     for _, m in sorted(g.members.items())
@@ -453,7 +457,7 @@ class RendezvousMachine:
     def _message(self, peer: _Peer, message: Message, out: list[Command]) -> None:
         kind = type(message)
         if kind not in MAY_SEND[peer.role] and any(kind in allowed for allowed in MAY_SEND.values()):
-            raise CcoError(ErrorCode.UNAUTHORIZED, f"a {peer.role.name} may not send {kind.__name__}")
+            raise CcoError(ErrorCode.UNAUTHORIZED, f"role {peer.role.name} may not send {kind.__name__}")
         next_state = PEER_TABLE.next(peer.state, kind.__name__)
         if isinstance(message, Heartbeat):
             peer.echo_seq = message.seq

@@ -1,0 +1,830 @@
+"""The rendezvous machine in memory: a controlled clock, no sockets.
+
+Draft section "Membership, Trees and Epochs" states the behaviour checked here.
+Every batch of commands the machine returns passes through :meth:`Harness.feed`,
+which checks the promises that hold for any input (keys never reach an aggregator,
+every message encodes, epochs only grow per recipient, nothing is sent to a closed
+connection); the tests then check what a particular input must do.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from strategies import ALL_MESSAGE_CLASSES, message_strategy
+
+from cco.nodes.events import (
+    ClosePeer,
+    Command,
+    Input,
+    MessageMalformed,
+    MessageReceived,
+    PeerConnected,
+    PeerDisconnected,
+    SendMessage,
+    TimerFired,
+)
+from cco.nodes.rendezvous import (
+    DEFAULT_PARAMS,
+    GROUP_TABLE,
+    MAY_SEND,
+    MEMBER_TABLE,
+    PEER_TABLE,
+    GroupConfig,
+    GroupState,
+    GroupStatus,
+    MemberState,
+    PeerState,
+    RendezvousConfig,
+    RendezvousMachine,
+    diagrams,
+)
+from cco.nodes.tree import ENDPOINT_ADDRESS, AggregatorInfo, MemberInfo, PlanStrategy, fan_in_bound, plan_tree
+from cco.wire.errors import CcoError, DecodeError, ErrorCode
+from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap
+from cco.wire.messages import (
+    Address,
+    AggregatorAccept,
+    AggregatorRegister,
+    EpochChange,
+    Error,
+    GroupParams,
+    Heartbeat,
+    JoinAccept,
+    JoinReject,
+    JoinRequest,
+    Leave,
+    Message,
+    TreeAssignment,
+    encode_message,
+)
+from cco.wire.registries import Role
+
+GID = bytes(range(16))
+OTHER = bytes(range(1, 17))
+CRED = b"pw"
+INTERVAL = DEFAULT_PARAMS.heartbeat_interval_ms / 1000.0
+
+
+@dataclass
+class Harness:
+    """One rendezvous, a clock, and a record of everything it sent."""
+
+    config: RendezvousConfig = field(
+        default_factory=lambda: RendezvousConfig(groups={GID: GroupConfig(world_size=4, credential=CRED)})
+    )
+    now: float = 0.0
+    roles: dict[str, Role] = field(default_factory=dict)
+    closed: set[str] = field(default_factory=set)
+    secrets: list[bytes] = field(default_factory=list)
+    epochs_seen: dict[tuple[str, bytes], int] = field(default_factory=dict)
+    last: dict[tuple[str, type[Message], bytes], Message] = field(default_factory=dict)
+    log: list[Command] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        counter = itertools.count(1)
+
+        def random_bytes(n: int) -> bytes:
+            secret = bytes([next(counter) % 256]) * n
+            self.secrets.append(secret)
+            return secret
+
+        self.rv = RendezvousMachine(self.config, random_bytes=random_bytes)
+
+    # --- driving -----------------------------------------------------------------
+
+    def feed(self, event: Input) -> list[Command]:
+        if isinstance(event, PeerConnected) and event.peer not in self.roles:
+            self.roles[event.peer] = event.role
+        cmds = self.rv.handle(event, self.now)
+        self._check(cmds)
+        self.log.extend(cmds)
+        return cmds
+
+    def tick(self, seconds: float) -> list[Command]:
+        self.now += seconds
+        return self.feed(TimerFired())
+
+    def send(self, peer: str, message: Message) -> list[Command]:
+        return self.feed(MessageReceived(peer, message))
+
+    def connect(self, peer: str, role: Role, node_id: str | None = None) -> list[Command]:
+        return self.feed(PeerConnected(peer, node_id or peer, role))
+
+    def aggregator(
+        self, peer: str, capacity: int = 1, fan_in: int = 16, labels: tuple[str, ...] = (), port: int = 4000
+    ) -> list[Command]:
+        self.connect(peer, Role.AGGREGATOR)
+        register = AggregatorRegister(
+            address=Address(host=f"{peer}.test", port=port),
+            capacity=capacity,
+            max_fan_in=fan_in,
+            labels=labels,
+        )
+        return self.send(peer, register)
+
+    def endpoint(
+        self,
+        peer: str,
+        group: bytes = GID,
+        world_size: int = 4,
+        credential: bytes = CRED,
+        rank: int | None = None,
+        labels: tuple[str, ...] = (),
+    ) -> list[Command]:
+        if peer not in self.roles:
+            self.connect(peer, Role.ENDPOINT)
+        request = JoinRequest(
+            group_id=group, world_size=world_size, credential=credential, rank=rank, labels=labels
+        )
+        return self.send(peer, request)
+
+    def group(self, group_id: bytes = GID) -> GroupStatus:
+        (status,) = [g for g in self.rv.status().groups if g.group_id == group_id]
+        return status
+
+    # --- checks on every batch ----------------------------------------------------
+
+    def _check(self, cmds: list[Command]) -> None:
+        closing: set[str] = set()
+        for cmd in cmds:
+            assert isinstance(cmd, SendMessage | ClosePeer), cmd
+            assert cmd.peer in self.roles and cmd.peer not in self.closed, f"{cmd} to an unknown/closed peer"
+            if isinstance(cmd, ClosePeer):
+                closing.add(cmd.peer)
+                continue
+            assert cmd.peer not in closing, "nothing is sent after ClosePeer"
+            encoded = encode_message(cmd.message)  # raises if any field is out of range
+            if self.roles[cmd.peer] is not Role.ENDPOINT:
+                assert not isinstance(cmd.message, JoinAccept)
+                assert not any(secret in encoded for secret in self.secrets), "key material to an aggregator"
+            self._check_epoch(cmd.peer, cmd.message)
+            group_id = getattr(cmd.message, "group_id", b"")
+            self.last[(cmd.peer, type(cmd.message), group_id)] = cmd.message
+        self.closed |= closing
+
+    def _check_epoch(self, peer: str, message: Message) -> None:
+        if not isinstance(message, JoinAccept | EpochChange | TreeAssignment):
+            return
+        key = (peer, message.group_id)
+        seen = self.epochs_seen.get(key)
+        if seen is not None:
+            if isinstance(message, EpochChange):
+                assert message.epoch > seen, f"EpochChange {message.epoch} after {seen} to {peer}"
+            else:
+                assert message.epoch >= seen, f"{type(message).__name__} {message.epoch} after {seen}"
+        self.epochs_seen[key] = message.epoch
+
+    def check_state(self) -> None:
+        """Invariants over the machine's whole state, via its public snapshot."""
+        status = self.rv.status()
+        use: dict[str, int] = {}
+        for g in status.groups:
+            assert g.state is not GroupState.PLANNING
+            assert all(m.rank < g.world_size for m in g.members)
+            assert len({m.node_id for m in g.members}) == len(g.members)
+            assert len(g.members) <= g.world_size
+            if g.state is GroupState.FORMING:
+                assert g.tree is None and len(g.members) < g.world_size
+            if g.state is GroupState.CLOSED:
+                assert not g.members and g.tree is None
+            if g.tree is None:
+                assert all(m.state is MemberState.JOINED for m in g.members)
+                continue
+            assert g.state is GroupState.ACTIVE
+            self._check_tree(g)
+            for node_id in g.tree.aggregator_ids:
+                use[node_id] = use.get(node_id, 0) + 1
+        capacity = {a.node_id: a.capacity for a in status.aggregators}
+        for node_id, count in use.items():
+            assert count <= capacity[node_id], f"{node_id} over-subscribed"
+        for g in status.groups:
+            if g.state is GroupState.WAITING:
+                pool = [
+                    AggregatorInfo(a.node_id, a.address, a.capacity - len(a.groups), a.max_fan_in, a.labels)
+                    for a in status.aggregators
+                ]
+                members = {m.rank: MemberInfo(m.node_id, m.labels) for m in g.members}
+                with pytest.raises(CcoError):
+                    plan_tree(members, pool, g.max_fan_in)
+
+    def _check_tree(self, g: GroupStatus) -> None:
+        tree = g.tree
+        assert tree is not None
+        members = {m.rank: m for m in g.members}
+        info = {a.node_id: a for a in self.rv.status().aggregators}
+        assert ranks_from_bitmap(tree.root.expected) == set(members)
+        leaves: list[int] = []
+        for p in tree.aggregators:
+            a = info[p.node_id]
+            bound = fan_in_bound(
+                AggregatorInfo(a.node_id, a.address, 1, a.max_fan_in, a.labels), g.max_fan_in
+            )
+            assert len(p.children) <= bound
+            leaves += [
+                r for c in p.children if c.address == ENDPOINT_ADDRESS for r in ranks_from_bitmap(c.ranks)
+            ]
+            peer = self.peer_of(p.node_id)
+            sent = self.last[(peer, TreeAssignment, g.group_id)]
+            assert isinstance(sent, TreeAssignment)
+            assert (sent.epoch, sent.expected, sent.children, sent.parent) == (
+                g.epoch,
+                p.expected,
+                p.children,
+                p.parent,
+            )
+        assert sorted(leaves) == sorted(members), "every member in exactly one leaf"
+        for rank, m in members.items():
+            assert m.state is MemberState.ASSIGNED
+            sent = self.last[(self.peer_of(m.node_id), TreeAssignment, g.group_id)]
+            assert isinstance(sent, TreeAssignment)
+            assert sent.epoch == g.epoch
+            assert sent.parent == tree.parent_of(rank) and sent.expected == bitmap_from_ranks([rank])
+
+    def peer_of(self, node_id: str) -> str:
+        return node_id  # the harness uses the node id as the peer id
+
+
+def sent_to(cmds: Iterable[Command], peer: str) -> list[Message]:
+    return [c.message for c in cmds if isinstance(c, SendMessage) and c.peer == peer]
+
+
+def only(cmds: Iterable[Command], peer: str, kind: type[Message]) -> Message:
+    (message,) = [m for m in sent_to(cmds, peer) if isinstance(m, kind)]
+    return message
+
+
+# --- join and rank assignment -----------------------------------------------------------
+
+
+def test_join_assigns_lowest_free_rank_and_sends_key_material() -> None:
+    h = Harness()
+    accept = only(h.endpoint("e0"), "e0", JoinAccept)
+    assert isinstance(accept, JoinAccept)
+    assert (accept.group_id, accept.rank, accept.world_size, accept.epoch) == (GID, 0, 4, 1)
+    assert accept.group_secret == h.secrets[0] and len(accept.group_secret) == 32
+    assert accept.params == DEFAULT_PARAMS
+    h.endpoint("e2", rank=2)
+    accept = only(h.endpoint("e1"), "e1", JoinAccept)
+    assert isinstance(accept, JoinAccept) and accept.rank == 1
+    accept = only(h.endpoint("e3"), "e3", JoinAccept)
+    assert isinstance(accept, JoinAccept) and accept.rank == 3
+    assert h.group().state is GroupState.WAITING
+    h.check_state()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "code"),
+    [
+        ({"credential": b"wrong"}, ErrorCode.BAD_CREDENTIAL),
+        ({"world_size": 5}, ErrorCode.WORLD_SIZE_MISMATCH),
+        ({"rank": 0}, ErrorCode.RANK_UNAVAILABLE),
+        ({"group": OTHER}, ErrorCode.UNKNOWN_GROUP),
+    ],
+)
+def test_join_rejections(kwargs: dict[str, object], code: ErrorCode) -> None:
+    h = Harness()
+    h.endpoint("e0")
+    reject = only(h.endpoint("x", **kwargs), "x", JoinReject)  # type: ignore[arg-type]
+    assert isinstance(reject, JoinReject) and reject.code is code
+    assert reject.group_id == kwargs.get("group", GID)
+    assert len(h.group().members) == 1
+
+
+def test_full_group_and_double_join_are_rejected() -> None:
+    h = Harness()
+    for i in range(4):
+        h.endpoint(f"e{i}")
+    reject = only(h.endpoint("late"), "late", JoinReject)
+    assert isinstance(reject, JoinReject) and reject.code is ErrorCode.GROUP_FULL
+    h2 = Harness()
+    h2.endpoint("e0")
+    reject = only(h2.endpoint("e0"), "e0", JoinReject)
+    assert isinstance(reject, JoinReject) and reject.code is ErrorCode.PROTOCOL_VIOLATION
+
+
+def test_groups_created_on_first_join_take_the_joiners_terms() -> None:
+    h = Harness(RendezvousConfig(create_groups_on_join=True))
+    accept = only(h.endpoint("e0", group=OTHER, world_size=2, credential=b"c"), "e0", JoinAccept)
+    assert isinstance(accept, JoinAccept) and accept.world_size == 2
+    reject = only(h.endpoint("e1", group=OTHER, world_size=2, credential=b"d"), "e1", JoinReject)
+    assert isinstance(reject, JoinReject) and reject.code is ErrorCode.BAD_CREDENTIAL
+    reject = only(h.endpoint("e1", group=OTHER, world_size=3, credential=b"c"), "e1", JoinReject)
+    assert isinstance(reject, JoinReject) and reject.code is ErrorCode.WORLD_SIZE_MISMATCH
+
+
+def test_per_group_params_and_fan_in_override_the_defaults() -> None:
+    params = GroupParams(chunk_elements=1024, window=2, heartbeat_interval_ms=500, operation_timeout_ms=900)
+    config = RendezvousConfig(groups={GID: GroupConfig(2, CRED, params=params, max_fan_in=2)})
+    h = Harness(config)
+    accept = only(h.endpoint("e0", world_size=2), "e0", JoinAccept)
+    assert isinstance(accept, JoinAccept) and accept.params == params
+    with pytest.raises(ValueError):
+        RendezvousConfig(max_fan_in=1)
+
+
+# --- trees --------------------------------------------------------------------------------
+
+
+def test_complete_group_gets_a_tree_aggregators_first_and_no_keys_for_aggregators() -> None:
+    h = Harness()
+    accept = only(h.aggregator("agg-a", fan_in=2, port=4001), "agg-a", AggregatorAccept)
+    assert accept == AggregatorAccept(node_id="agg-a", heartbeat_interval_ms=1000)
+    h.aggregator("agg-b", fan_in=2, port=4002)
+    h.aggregator("agg-c", fan_in=2, port=4003)
+    for i in range(3):
+        assert not any(isinstance(m, TreeAssignment) for m in sent_to(h.endpoint(f"e{i}"), f"e{i}"))
+    cmds = h.endpoint("e3")
+    assignments = [(c.peer, c.message) for c in cmds if isinstance(c, SendMessage)
+                   and isinstance(c.message, TreeAssignment)]  # fmt: skip
+    assert [p for p, _ in assignments] == ["agg-c", "agg-a", "agg-b", "e0", "e1", "e2", "e3"]
+    root = assignments[0][1]
+    assert isinstance(root, TreeAssignment) and root.parent is None and root.epoch == 1
+    assert ranks_from_bitmap(root.expected) == {0, 1, 2, 3}
+    e0 = assignments[3][1]
+    assert isinstance(e0, TreeAssignment) and e0.children == () and e0.expected == b"\x01"
+    assert e0.parent is not None and e0.parent.node_id == "agg-a" and e0.parent.address.port == 4001
+    assert h.group().state is GroupState.ACTIVE
+    h.check_state()
+
+
+def test_waiting_group_gets_its_tree_in_the_same_epoch_when_an_aggregator_arrives() -> None:
+    h = Harness()
+    for i in range(4):
+        h.endpoint(f"e{i}")
+    assert h.group().state is GroupState.WAITING
+    cmds = h.aggregator("agg")
+    assert not any(isinstance(c.message, EpochChange) for c in cmds if isinstance(c, SendMessage))
+    assignment = only(cmds, "e2", TreeAssignment)
+    assert isinstance(assignment, TreeAssignment) and assignment.epoch == 1
+    h.check_state()
+
+
+def test_capacity_is_shared_between_groups_and_freed_when_a_group_closes() -> None:
+    config = RendezvousConfig(groups={GID: GroupConfig(1, CRED), OTHER: GroupConfig(1, CRED)})
+    h = Harness(config)
+    h.aggregator("agg", capacity=1)
+    h.endpoint("e0", world_size=1)
+    h.endpoint("e1", group=OTHER, world_size=1)
+    assert h.group(OTHER).state is GroupState.WAITING
+    h.check_state()
+    cmds = h.send("e0", Leave(group_id=GID, rank=0, code=ErrorCode.NO_ERROR))
+    assert h.group().state is GroupState.CLOSED
+    change = only(cmds, "agg", EpochChange)
+    assert isinstance(change, EpochChange) and change.members == b"" and change.epoch == 2
+    assert isinstance(only(cmds, "e1", TreeAssignment), TreeAssignment)
+    assert h.group(OTHER).state is GroupState.ACTIVE
+    h.check_state()
+
+
+def active_group(h: Harness, aggregators: int = 3, fan_in: int = 2) -> None:
+    for i in range(aggregators):
+        h.aggregator(f"agg-{i}", fan_in=fan_in, port=4000 + i)
+    for i in range(4):
+        h.endpoint(f"e{i}")
+    assert h.group().state is GroupState.ACTIVE
+
+
+# --- leave, loss, epochs ----------------------------------------------------------
+
+
+def test_leave_starts_a_new_epoch_and_replans() -> None:
+    h = Harness()
+    active_group(h, aggregators=3)
+    cmds = h.send("e3", Leave(group_id=GID, rank=3, code=ErrorCode.NO_ERROR))
+    change = only(cmds, "e0", EpochChange)
+    assert change == EpochChange(group_id=GID, epoch=2, members=b"\x07", code=ErrorCode.NO_ERROR)
+    assert not sent_to(cmds, "e3")
+    for agg in ("agg-0", "agg-1", "agg-2"):
+        assert EpochChange in {type(m) for m in sent_to(cmds, agg)}
+    assignment = only(cmds, "e0", TreeAssignment)
+    assert isinstance(assignment, TreeAssignment) and assignment.epoch == 2
+    assert [type(m) for m in sent_to(cmds, "e0")] == [EpochChange, TreeAssignment]
+    h.check_state()
+
+
+def test_leave_for_someone_else_or_an_unknown_group_is_refused() -> None:
+    h = Harness()
+    active_group(h)
+    error = only(h.send("e0", Leave(group_id=GID, rank=1, code=ErrorCode.NO_ERROR)), "e0", Error)
+    assert isinstance(error, Error) and error.code is ErrorCode.NOT_A_MEMBER
+    error = only(h.send("e0", Leave(group_id=OTHER, rank=0, code=ErrorCode.NO_ERROR)), "e0", Error)
+    assert isinstance(error, Error) and error.code is ErrorCode.UNKNOWN_GROUP
+    assert h.group().epoch == 1
+
+
+def test_heartbeats_flow_each_interval_and_echo_the_peers_seq() -> None:
+    h = Harness()
+    h.endpoint("e0")
+    assert h.rv.next_deadline() == pytest.approx(INTERVAL)
+    h.send("e0", Heartbeat(seq=41))
+    assert h.tick(INTERVAL / 2) == []
+    cmds = h.tick(INTERVAL / 2)
+    assert sent_to(cmds, "e0") == [Heartbeat(seq=41)]
+    assert h.rv.next_deadline() == pytest.approx(2 * INTERVAL)
+
+
+def test_silent_member_is_lost_after_three_intervals() -> None:
+    h = Harness()
+    active_group(h, aggregators=3)
+    for _ in range(2):
+        h.now += INTERVAL
+        for peer in ("e0", "e1", "e2", "agg-0", "agg-1", "agg-2"):
+            h.send(peer, Heartbeat(seq=1))
+        h.feed(TimerFired())
+    assert h.group().epoch == 1
+    h.now += INTERVAL
+    for peer in ("e0", "e1", "e2", "agg-0", "agg-1", "agg-2"):
+        h.send(peer, Heartbeat(seq=2))
+    cmds = h.feed(TimerFired())
+    assert ClosePeer("e3", ErrorCode.PEER_LOST, "no message for 3 heartbeat intervals") in cmds
+    change = only(cmds, "e0", EpochChange)
+    assert (
+        isinstance(change, EpochChange) and change.code is ErrorCode.PEER_LOST and change.members == b"\x07"
+    )
+    h.check_state()
+    assert h.feed(MessageReceived("e3", Heartbeat(seq=3))) == []  # late input for a closed peer
+
+
+def test_disconnected_aggregator_is_replaced() -> None:
+    h = Harness()
+    active_group(h, aggregators=4)
+    tree = h.group().tree
+    assert tree is not None
+    used = tree.aggregator_ids
+    victim = sorted(used)[0]
+    cmds = h.feed(PeerDisconnected(victim, ErrorCode.PEER_LOST))
+    change = only(cmds, "e1", EpochChange)
+    assert isinstance(change, EpochChange) and change.code is ErrorCode.PEER_LOST and change.epoch == 2
+    assert change.members == b"\x0f"
+    tree = h.group().tree
+    assert tree is not None and victim not in tree.aggregator_ids
+    h.check_state()
+
+
+def test_losing_the_last_aggregator_leaves_the_group_waiting() -> None:
+    h = Harness()
+    active_group(h, aggregators=1, fan_in=4)
+    cmds = h.feed(PeerDisconnected("agg-0", ErrorCode.PEER_LOST))
+    assert all(isinstance(m, EpochChange) for m in sent_to(cmds, "e0"))
+    assert h.group().state is GroupState.WAITING
+    cmds = h.aggregator("agg-9", fan_in=4)
+    assignment = only(cmds, "e0", TreeAssignment)
+    assert isinstance(assignment, TreeAssignment) and assignment.epoch == 2
+    h.check_state()
+
+
+def test_new_aggregator_replans_only_when_the_plan_changes() -> None:
+    h = Harness()
+    active_group(h, aggregators=2, fan_in=3)
+    before = h.group().tree
+    assert before is not None and before.strategy is PlanStrategy.COMPACT
+    cmds = h.aggregator("agg-7", fan_in=2, port=4007)
+    change = only(cmds, "e0", EpochChange)
+    assert isinstance(change, EpochChange) and change.epoch == 2 and change.code is ErrorCode.NO_ERROR
+    assert h.group().tree != before
+    cmds = h.aggregator("zz-idle", fan_in=2, port=4008, labels=("far",))
+    assert not any(isinstance(c, SendMessage) and c.peer.startswith("e") for c in cmds)
+    assert h.group().epoch == 2
+    h.check_state()
+
+
+def test_rejoin_after_loss_is_a_membership_change() -> None:
+    h = Harness()
+    active_group(h, aggregators=3)
+    h.feed(PeerDisconnected("e1", ErrorCode.PEER_LOST))
+    cmds = h.endpoint("e9")
+    accept = only(cmds, "e9", JoinAccept)
+    assert isinstance(accept, JoinAccept) and (accept.rank, accept.epoch) == (1, 2)
+    assert [type(m) for m in sent_to(cmds, "e9")] == [JoinAccept, EpochChange, TreeAssignment]
+    change = only(cmds, "e9", EpochChange)
+    assert isinstance(change, EpochChange) and change.epoch == 3 and change.members == b"\x0f"
+    h.check_state()
+
+
+def test_closed_group_reopens_with_a_fresh_secret_and_a_later_epoch() -> None:
+    h = Harness(RendezvousConfig(groups={GID: GroupConfig(1, CRED)}))
+    h.aggregator("agg")
+    first = only(h.endpoint("e0", world_size=1), "e0", JoinAccept)
+    h.send("e0", Leave(group_id=GID, rank=0, code=ErrorCode.NO_ERROR))
+    assert h.group().state is GroupState.CLOSED
+    again = only(h.endpoint("e0", world_size=1), "e0", JoinAccept)
+    assert isinstance(first, JoinAccept) and isinstance(again, JoinAccept)
+    assert again.group_secret != first.group_secret and again.epoch > first.epoch
+    h.check_state()
+
+
+def test_forming_group_member_loss_frees_the_rank() -> None:
+    h = Harness()
+    h.endpoint("e0")
+    h.endpoint("e1")
+    cmds = h.feed(PeerDisconnected("e0", ErrorCode.PEER_LOST))
+    assert sent_to(cmds, "e1") == []  # nothing to tell while the group forms
+    accept = only(h.endpoint("e2"), "e2", JoinAccept)
+    assert isinstance(accept, JoinAccept) and accept.rank == 0 and accept.epoch == 1
+
+
+# --- refusals -------------------------------------------------------------------------
+
+
+def test_roles_are_enforced() -> None:
+    h = Harness()
+    h.aggregator("agg")
+    error = only(h.endpoint("agg"), "agg", Error)
+    assert error == Error(code=ErrorCode.UNAUTHORIZED, detail="role AGGREGATOR may not send JoinRequest",
+                          message_type=0x10)  # fmt: skip
+    h.connect("e0", Role.ENDPOINT)
+    register = AggregatorRegister(address=Address(host="x", port=1), capacity=1, max_fan_in=2, labels=())
+    error = only(h.send("e0", register), "e0", Error)
+    assert isinstance(error, Error) and error.code is ErrorCode.UNAUTHORIZED
+    error = only(h.send("agg", register), "agg", Error)
+    assert isinstance(error, Error) and error.code is ErrorCode.PROTOCOL_VIOLATION
+    cmds = h.connect("rv2", Role.RENDEZVOUS)
+    assert cmds == [ClosePeer("rv2", ErrorCode.UNAUTHORIZED, "role RENDEZVOUS has no business here")]
+    cmds = h.feed(PeerConnected("dup", "agg", Role.AGGREGATOR))
+    assert [type(c) for c in cmds] == [ClosePeer]
+
+
+def test_malformed_input_is_answered_and_the_connection_closed() -> None:
+    h = Harness()
+    active_group(h, aggregators=3)
+    cmds = h.feed(MessageMalformed("e2", DecodeError(ErrorCode.MALFORMED_CBOR, "bad")))
+    assert cmds[0] == SendMessage("e2", Error(code=ErrorCode.MALFORMED_CBOR, detail="bad"))
+    assert cmds[1] == ClosePeer("e2", ErrorCode.MALFORMED_CBOR, "malformed message")
+    tree = h.group().tree
+    assert tree is not None and ranks_from_bitmap(tree.root.expected) == {0, 1, 3}
+    h.check_state()
+
+
+def test_diagrams_are_generated_from_the_tables() -> None:
+    text = diagrams()
+    for table in (PEER_TABLE, GROUP_TABLE, MEMBER_TABLE):
+        assert table.to_ascii() in text
+    assert max(len(line) for line in text.splitlines()) <= 69, "fits an RFC figure"
+
+
+# --- every (state, input) pair ------------------------------------------------------
+
+Scenario = Callable[[], tuple[Harness, str]]
+
+
+def _endpoint_idle() -> tuple[Harness, str]:
+    h = Harness()
+    h.connect("p", Role.ENDPOINT)
+    return h, "p"
+
+
+def _endpoint_forming() -> tuple[Harness, str]:
+    h = Harness()
+    h.endpoint("p")
+    return h, "p"
+
+
+def _endpoint_waiting() -> tuple[Harness, str]:
+    h = Harness()
+    for peer in ("p", "e1", "e2", "e3"):
+        h.endpoint(peer)
+    return h, "p"
+
+
+def _endpoint_active() -> tuple[Harness, str]:
+    h = Harness()
+    h.aggregator("agg-0", fan_in=4)
+    for peer in ("p", "e1", "e2", "e3"):
+        h.endpoint(peer)
+    return h, "p"
+
+
+def _endpoint_closed_group() -> tuple[Harness, str]:
+    h = Harness()
+    h.endpoint("p")
+    h.send("p", Leave(group_id=GID, rank=0, code=ErrorCode.NO_ERROR))
+    return h, "p"
+
+
+def _aggregator_registering() -> tuple[Harness, str]:
+    h = Harness()
+    h.connect("p", Role.AGGREGATOR)
+    return h, "p"
+
+
+def _aggregator_idle() -> tuple[Harness, str]:
+    h = Harness()
+    h.aggregator("p")
+    return h, "p"
+
+
+def _aggregator_in_tree() -> tuple[Harness, str]:
+    h, _ = _endpoint_active()
+    return h, "agg-0"
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "endpoint-idle": _endpoint_idle,
+    "endpoint-forming": _endpoint_forming,
+    "endpoint-waiting": _endpoint_waiting,
+    "endpoint-active": _endpoint_active,
+    "endpoint-closed-group": _endpoint_closed_group,
+    "aggregator-registering": _aggregator_registering,
+    "aggregator-idle": _aggregator_idle,
+    "aggregator-in-tree": _aggregator_in_tree,
+}
+
+
+def _near_miss_join() -> st.SearchStrategy[Message]:
+    """JoinRequests that hit the interesting checks, not just unknown groups."""
+    return st.builds(
+        lambda group, size, cred, rank, labels: JoinRequest(
+            group_id=group,
+            world_size=size,
+            credential=cred,
+            rank=None if rank is None else rank % size,
+            labels=labels,
+        ),
+        st.sampled_from([GID, OTHER]),
+        st.sampled_from([4, 3]),
+        st.sampled_from([CRED, b"bad"]),
+        st.none() | st.integers(0, 7),
+        st.sampled_from([(), ("rack=1",)]),
+    )
+
+
+def _input_strategies(peer: str) -> dict[str, st.SearchStrategy[Input]]:
+    kinds: dict[str, st.SearchStrategy[Input]] = {
+        cls.__name__: message_strategy(cls).map(lambda m: MessageReceived(peer, m))
+        for cls in ALL_MESSAGE_CLASSES
+    }
+    kinds["JoinRequest(near)"] = _near_miss_join().map(lambda m: MessageReceived(peer, m))
+    kinds["Leave(near)"] = st.builds(
+        lambda rank, code: MessageReceived(peer, Leave(group_id=GID, rank=rank, code=code)),
+        st.integers(0, 4),
+        st.sampled_from(list(ErrorCode)),
+    )
+    kinds["malformed"] = st.sampled_from(list(ErrorCode)).map(
+        lambda code: MessageMalformed(peer, DecodeError(code, "x" * 2000))
+    )
+    kinds["disconnected"] = st.sampled_from(list(ErrorCode)).map(lambda code: PeerDisconnected(peer, code))
+    kinds["timer"] = st.just(TimerFired())
+    kinds["connected-again"] = st.sampled_from(list(Role)).map(
+        lambda role: PeerConnected(peer, "someone", role)
+    )
+    kinds["connected-new"] = st.sampled_from(list(Role)).map(lambda role: PeerConnected("new", peer, role))
+    kinds["unknown-peer"] = message_strategy(Heartbeat).map(lambda m: MessageReceived("ghost", m))
+    return kinds
+
+
+def _expected_refusal(h: Harness, peer: str, event: Input) -> ErrorCode | None:
+    """What the tables say about a message from ``peer`` in its current state."""
+    if not isinstance(event, MessageReceived) or event.peer != peer:
+        return None
+    role = h.roles[peer]
+    kind = type(event.message)
+    if kind not in MAY_SEND[role] and any(kind in allowed for allowed in MAY_SEND.values()):
+        return ErrorCode.UNAUTHORIZED
+    state = PeerState.ENDPOINT if role is Role.ENDPOINT else None
+    if state is None:
+        registered = any(a.node_id == peer for a in h.rv.status().aggregators)
+        state = PeerState.AGGREGATOR if registered else PeerState.REGISTERING
+    if not PEER_TABLE.allows(state, kind.__name__):
+        return ErrorCode.PROTOCOL_VIOLATION
+    return None
+
+
+INPUT_KINDS = sorted(_input_strategies("p"))
+
+
+@pytest.mark.parametrize("kind", INPUT_KINDS)
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+@settings(max_examples=5, deadline=None)
+@given(data=st.data())
+def test_every_state_input_pair_is_handled_or_refused(scenario: str, kind: str, data: st.DataObject) -> None:
+    """h2's discipline: any input in any state leaves valid states or a protocol error."""
+    h, peer = SCENARIOS[scenario]()
+    event = data.draw(_input_strategies(peer)[kind])
+    refusal = _expected_refusal(h, peer, event)
+    cmds = h.feed(event)  # must not raise; Harness.feed checks every command
+    h.check_state()
+    if refusal is not None:
+        errors = [m for m in sent_to(cmds, peer) if isinstance(m, Error)]
+        assert [e.code for e in errors] == [refusal]
+        assert errors[0].message_type == int(event.message.TYPE)  # type: ignore[union-attr]
+    elif isinstance(event, MessageReceived) and event.peer == peer:
+        assert not any(
+            isinstance(m, Error) and m.code is ErrorCode.PROTOCOL_VIOLATION for m in sent_to(cmds, peer)
+        )
+
+
+# --- random churn ----------------------------------------------------------------------
+
+LABELS = st.sampled_from([(), ("rack=0",), ("rack=1",)])
+
+
+class RendezvousChurn(RuleBasedStateMachine):
+    """Random joins, leaves, losses and aggregator churn against the invariants."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        config = RendezvousConfig(
+            groups={GID: GroupConfig(3, CRED), OTHER: GroupConfig(2, CRED, max_fan_in=2)},
+            create_groups_on_join=True,
+        )
+        self.h = Harness(config)
+        self.names = itertools.count()
+        self.epochs: dict[bytes, int] = {}
+
+    def _live(self, role: Role) -> list[str]:
+        return sorted(p for p, r in self.h.roles.items() if r is role and p not in self.h.closed and p != "x")
+
+    @initialize()
+    def two_aggregators(self) -> None:
+        self.add_aggregator(capacity=1, fan_in=2, labels=())
+        self.add_aggregator(capacity=2, fan_in=3, labels=("rack=0",))
+
+    @rule(capacity=st.integers(1, 3), fan_in=st.integers(2, 4), labels=LABELS)
+    def add_aggregator(self, capacity: int, fan_in: int, labels: tuple[str, ...]) -> None:
+        n = next(self.names)
+        self.h.aggregator(f"agg-{n}", capacity=capacity, fan_in=fan_in, labels=labels, port=4000 + n)
+
+    @precondition(lambda self: self._live(Role.AGGREGATOR))
+    @rule(data=st.data(), malformed=st.booleans())
+    def drop_aggregator(self, data: st.DataObject, malformed: bool) -> None:
+        peer = data.draw(st.sampled_from(self._live(Role.AGGREGATOR)))
+        if malformed:
+            self.h.feed(MessageMalformed(peer, DecodeError(ErrorCode.TRAILING_BYTES, "junk")))
+        else:
+            self.h.feed(PeerDisconnected(peer, ErrorCode.PEER_LOST))
+
+    @rule(
+        data=st.data(),
+        group=st.sampled_from([GID, OTHER, bytes(16)]),
+        count=st.integers(1, 3),
+        rank=st.none() | st.integers(0, 2),
+        labels=LABELS,
+        reuse=st.booleans(),
+    )
+    def join(
+        self,
+        data: st.DataObject,
+        group: bytes,
+        count: int,
+        rank: int | None,
+        labels: tuple[str, ...],
+        reuse: bool,
+    ) -> None:
+        """One to three endpoints ask to join; an existing endpoint may join a second group."""
+        size = {GID: 3, OTHER: 2}.get(group, 2)
+        for _ in range(count):
+            live = self._live(Role.ENDPOINT)
+            peer = data.draw(st.sampled_from(live)) if reuse and live else f"ep-{next(self.names)}"
+            self.h.endpoint(
+                peer, group=group, world_size=size, rank=None if rank is None else rank % size, labels=labels
+            )
+
+    @precondition(lambda self: self._live(Role.ENDPOINT))
+    @rule(data=st.data())
+    def leave(self, data: st.DataObject) -> None:
+        memberships = [(m.node_id, g.group_id, m.rank) for g in self.h.rv.status().groups for m in g.members]
+        if memberships:
+            peer, group, rank = data.draw(st.sampled_from(memberships))
+            self.h.send(peer, Leave(group_id=group, rank=rank, code=ErrorCode.NO_ERROR))
+
+    @precondition(lambda self: self._live(Role.ENDPOINT))
+    @rule(data=st.data())
+    def drop_endpoint(self, data: st.DataObject) -> None:
+        self.h.feed(
+            PeerDisconnected(data.draw(st.sampled_from(self._live(Role.ENDPOINT))), ErrorCode.PEER_LOST)
+        )
+
+    @rule(seconds=st.floats(0.1, 2.5), data=st.data())
+    def time_passes(self, seconds: float, data: st.DataObject) -> None:
+        """Everyone but a random few heartbeats; the timer then runs."""
+        live = self._live(Role.ENDPOINT) + self._live(Role.AGGREGATOR)
+        silent = data.draw(st.sets(st.sampled_from(live), max_size=1)) if live else set()
+        self.h.now += seconds
+        for peer in live:
+            if peer not in silent:
+                self.h.send(peer, Heartbeat(seq=int(self.h.now)))
+        self.h.feed(TimerFired())
+
+    @rule(data=st.data(), message=st.sampled_from(ALL_MESSAGE_CLASSES).flatmap(message_strategy))
+    def stray_message(self, data: st.DataObject, message: Message) -> None:
+        live = self._live(Role.ENDPOINT) + self._live(Role.AGGREGATOR)
+        if live:
+            self.h.send(data.draw(st.sampled_from(live)), message)
+
+    @invariant()
+    def invariants_hold(self) -> None:
+        self.h.check_state()
+        for g in self.h.rv.status().groups:
+            assert g.epoch >= self.epochs.get(g.group_id, 0), "epochs never go back"
+            self.epochs[g.group_id] = g.epoch
+
+
+RendezvousChurn.TestCase.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
+test_rendezvous_churn = RendezvousChurn.TestCase
