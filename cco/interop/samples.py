@@ -628,6 +628,25 @@ def _chunk_samples() -> list[Sample]:
             ),
         ),
         Sample(
+            "result-reduce",
+            "The result of a MIN reduce, delivered to root 1: root present, untagged, contributors 0..3.",
+            _chunk(
+                Result,
+                "reduce-min",
+                kind=Collective.REDUCE,
+                op=ReduceOp.MIN,
+                dtype=DType.INT16,
+                elements=[-300, 2],
+                total_elements=2,
+                chunk_elements=2,
+                chunk_index=0,
+                contributors=range(4),
+                width=2,
+                tagged=False,
+                root=1,
+            ),
+        ),
+        Sample(
             "broadcast-data",
             "A broadcast chunk from root 0: kind BROADCAST, root present, tagged, scale -8.",
             _chunk(
