@@ -1,0 +1,1045 @@
+"""The aggregator role as a sans-I/O state machine.
+
+An aggregator combines chunks on their way up a group's tree and fans results back
+down.  It holds no key: it adds values, ORs contributor bitmaps and adds tags through
+:func:`cco.wire.payload.combine`, and leaves every check that needs the group secret
+to the endpoints.  What it *can* check it does, because a wrong partial aggregate
+costs every rank of the group an operation:
+
+* a child may only speak for the ranks the rendezvous placed under it, from the
+  connection authenticated as that child's node (``UNAUTHORIZED`` otherwise);
+* a chunk it has already taken from a child is recognised when it arrives again
+  (kept as a fingerprint, also for a while after the slot completed) and ignored,
+  so a retransmission is never added twice; a *different* chunk in its place is
+  refused with ``DUPLICATE_CONTRIBUTION``;
+* the number of slots a group holds open is bounded by the group's window, so its
+  memory is bounded by window x chunk size, never by the size of the tensor.
+
+Three transition tables describe the machine: the node's registration with the
+rendezvous (:data:`NODE_TABLE`), each group's place in a tree (:data:`GROUP_TABLE`)
+and each slot (:data:`SLOT_TABLE`).  The draft's diagrams are generated from them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections import OrderedDict, deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from cco.nodes.events import (
+    ClosePeer,
+    Command,
+    ConnectTo,
+    Input,
+    MessageMalformed,
+    MessageReceived,
+    PeerConnected,
+    PeerDisconnected,
+    PeerId,
+    SendMessage,
+    TimerFired,
+)
+from cco.nodes.fsm import TransitionTable
+from cco.wire import payload
+from cco.wire.errors import CcoError, ErrorCode
+from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap
+from cco.wire.messages import (
+    Abort,
+    Address,
+    AggregatorAccept,
+    AggregatorRegister,
+    BroadcastData,
+    ChunkMessage,
+    Contribution,
+    EpochChange,
+    Error,
+    Heartbeat,
+    Message,
+    PartialAggregate,
+    Result,
+    TreeAssignment,
+)
+from cco.wire.registries import Role
+
+# --- states and transition tables -------------------------------------------------
+
+
+class NodeState(Enum):
+    """The aggregator's standing with the rendezvous."""
+
+    DETACHED = "detached"  # no rendezvous connection
+    REGISTERING = "registering"  # AggregatorRegister sent, no answer yet
+    REGISTERED = "registered"  # accepted; receives tree assignments
+
+
+class GroupState(Enum):
+    """This aggregator's place in one group's tree."""
+
+    UNKNOWN = "unknown"  # no assignment: early data waits in the pending queue
+    CONNECTING = "connecting"  # assigned; the connection to the parent is not up
+    ACTIVE = "active"  # assigned, and the parent (if any) is connected
+    STALE = "stale"  # the epoch changed; waiting for the new epoch's assignment
+
+
+class SlotState(Enum):
+    """One (group, epoch, op_id, chunk_index) slot."""
+
+    COLLECTING = "collecting"  # some expected ranks have not arrived
+    COMPLETE = "complete"  # combined and sent on; only fingerprints remain
+    ABORTED = "aborted"  # the operation was aborted; late parts are dropped
+
+
+# Event names shared by the tables and the code that classifies inputs.
+RENDEZVOUS_CONNECTED = "rendezvous connected"
+RENDEZVOUS_LOST = "rendezvous lost"
+CHUNK_UP = "chunk from child"
+CHUNK_DOWN = "chunk from parent"
+ASSIGNED_ROOT = "TreeAssignment [root]"
+ASSIGNED_CONNECTED = "TreeAssignment [parent connected]"
+ASSIGNED_CONNECT = "TreeAssignment [connect parent]"
+PARENT_CONNECTED = "parent connected"
+PARENT_LOST = "parent lost"
+PARENT_RETRY = "parent retry"
+SLOT_TIMEOUT = "slot timeout"
+PART = "part"
+LAST_PART = "last part"
+RETRANSMISSION = "retransmission"
+CONFLICT = "conflicting part"
+TIMEOUT = "timeout"
+ABORT = "abort"
+
+_R = NodeState.REGISTERED
+NODE_TABLE: TransitionTable[NodeState] = TransitionTable(
+    "aggregator",
+    {
+        NodeState.DETACHED: {RENDEZVOUS_CONNECTED: NodeState.REGISTERING},
+        NodeState.REGISTERING: {
+            "AggregatorAccept": _R,
+            "Heartbeat": NodeState.REGISTERING,
+            "Error": NodeState.DETACHED,
+            RENDEZVOUS_LOST: NodeState.DETACHED,
+        },
+        _R: {
+            "Heartbeat": _R,
+            "TreeAssignment": _R,
+            "EpochChange": _R,
+            "Error": _R,
+            RENDEZVOUS_LOST: NodeState.DETACHED,
+        },
+    },
+)
+
+_ASSIGNED = {
+    ASSIGNED_ROOT: GroupState.ACTIVE,
+    ASSIGNED_CONNECTED: GroupState.ACTIVE,
+    ASSIGNED_CONNECT: GroupState.CONNECTING,
+}
+GROUP_TABLE: TransitionTable[GroupState] = TransitionTable(
+    "aggregator group",
+    {
+        GroupState.UNKNOWN: {CHUNK_UP: GroupState.UNKNOWN, **_ASSIGNED, "EpochChange": GroupState.UNKNOWN},
+        GroupState.CONNECTING: {
+            CHUNK_UP: GroupState.CONNECTING,
+            CHUNK_DOWN: GroupState.CONNECTING,
+            PARENT_CONNECTED: GroupState.ACTIVE,
+            PARENT_LOST: GroupState.CONNECTING,
+            PARENT_RETRY: GroupState.CONNECTING,
+            SLOT_TIMEOUT: GroupState.CONNECTING,
+            **_ASSIGNED,
+            "EpochChange": GroupState.STALE,
+        },
+        GroupState.ACTIVE: {
+            CHUNK_UP: GroupState.ACTIVE,
+            CHUNK_DOWN: GroupState.ACTIVE,
+            PARENT_LOST: GroupState.CONNECTING,
+            SLOT_TIMEOUT: GroupState.ACTIVE,
+            **_ASSIGNED,
+            "EpochChange": GroupState.STALE,
+        },
+        GroupState.STALE: {
+            CHUNK_UP: GroupState.STALE,
+            CHUNK_DOWN: GroupState.STALE,
+            PARENT_CONNECTED: GroupState.STALE,
+            PARENT_LOST: GroupState.STALE,
+            **_ASSIGNED,
+            "EpochChange": GroupState.STALE,
+        },
+    },
+)
+
+_C, _A = SlotState.COLLECTING, SlotState.ABORTED
+SLOT_TABLE: TransitionTable[SlotState] = TransitionTable(
+    "aggregator slot",
+    {
+        _C: {PART: _C, LAST_PART: SlotState.COMPLETE, RETRANSMISSION: _C, TIMEOUT: _A, ABORT: _A},
+        SlotState.COMPLETE: {RETRANSMISSION: SlotState.COMPLETE, ABORT: SlotState.COMPLETE},
+        _A: {PART: _A, LAST_PART: _A, RETRANSMISSION: _A, ABORT: _A},
+    },
+)
+
+TABLES = (NODE_TABLE, GROUP_TABLE, SLOT_TABLE)
+
+
+# --- configuration ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AggregatorConfig:
+    """What an aggregator offers the rendezvous, and its local resource bounds.
+
+    ``capacity`` is the number of groups it serves at once.  ``pending_limit``
+    bounds the chunks one peer may park before the rendezvous has told this node
+    about their group; they are refused after ``pending_timeout`` seconds.
+    ``record_limit`` bounds the per-group memory of completed slots kept to
+    recognise late retransmissions.
+    """
+
+    address: Address
+    capacity: int = 64
+    max_fan_in: int = 64
+    labels: tuple[str, ...] = ()
+    pending_limit: int = 64
+    pending_timeout: float = 5.0
+    record_limit: int = 1024
+    retry_interval: float = 1.0
+
+
+# --- internal records -------------------------------------------------------------
+
+SlotKey = tuple[int, int]  # (op_id, chunk_index) within one group and epoch
+
+
+@dataclass(slots=True)
+class _Slot:
+    opened: float
+    deadline: float
+    state: SlotState = SlotState.COLLECTING
+    fingerprints: dict[str, bytes] = field(default_factory=dict)  # child node_id -> fingerprint
+    received: frozenset[int] = frozenset()
+    aggregate: ChunkMessage | None = None
+
+
+@dataclass(slots=True)
+class _Group:
+    group_id: bytes
+    epoch: int
+    assignment: TreeAssignment | None = None
+    children: dict[str, frozenset[int]] = field(default_factory=dict)  # node_id -> ranks
+    expected: frozenset[int] = frozenset()
+    parent_peer: PeerId | None = None
+    parent_up: bool = False
+    retry_at: float | None = None
+    state: GroupState = GroupState.UNKNOWN
+    slots: dict[SlotKey, _Slot] = field(default_factory=dict)
+    record: OrderedDict[SlotKey, _Slot] = field(default_factory=OrderedDict)
+    aborted: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    outbox: list[ChunkMessage | Abort] = field(default_factory=list)
+
+    @property
+    def window(self) -> int:
+        return self.assignment.params.window if self.assignment else 0
+
+    @property
+    def timeout(self) -> float:
+        return self.assignment.params.operation_timeout_ms / 1000 if self.assignment else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    arrived: float
+    message: ChunkMessage | Abort
+
+
+@dataclass(frozen=True, slots=True)
+class _Peer:
+    node_id: str
+    role: Role
+
+
+def fingerprint(message: ChunkMessage) -> bytes:
+    """A short digest of everything a chunk says: two chunks are the same iff equal.
+
+    Kept instead of the chunk itself, so recognising a retransmission costs 16
+    bytes per child and slot rather than a copy of the data.
+    """
+    h = hashlib.blake2b(digest_size=16)
+    header = (
+        int(message.TYPE),
+        message.group_id,
+        message.epoch,
+        message.op_id,
+        int(message.kind),
+        int(message.op),
+        int(message.dtype),
+        message.scale,
+        message.total_elements,
+        message.chunk_elements,
+        message.chunk_index,
+        message.contributors,
+        message.width,
+        message.tag,
+        message.root,
+    )
+    h.update(repr(header).encode())
+    h.update(message.payload)
+    return h.digest()
+
+
+def _retype(message: ChunkMessage, cls: type[ChunkMessage]) -> ChunkMessage:
+    """The same chunk as another message class (a lone part becomes the aggregate)."""
+    if type(message) is cls:
+        return message
+    values = {f.name: getattr(message, f.name) for f in dataclasses.fields(message)}
+    return cls(**values)
+
+
+def _ranks_text(ranks: Iterable[int]) -> str:
+    return "{" + ", ".join(str(r) for r in sorted(ranks)) + "}"
+
+
+# --- the machine ------------------------------------------------------------------
+
+
+class AggregatorMachine:
+    """The aggregator: ``handle(event, now) -> commands`` and ``next_deadline()``.
+
+    Registration: on ``PeerConnected(role=RENDEZVOUS)`` it sends
+    ``AggregatorRegister`` and, once accepted, exchanges heartbeats with the
+    rendezvous every interval; three silent intervals mean the rendezvous is lost.
+    Groups are served independently; nothing one group's peers send can touch
+    another group's slots.
+    """
+
+    def __init__(self, config: AggregatorConfig) -> None:
+        self.config = config
+        self.node_id: str | None = None
+        self._state = NodeState.DETACHED
+        self._rendezvous: PeerId | None = None
+        self._heartbeat_interval = 0.0
+        self._heartbeat_seq = 0
+        self._next_heartbeat: float | None = None
+        self._last_heard = 0.0
+        self._peers: dict[PeerId, _Peer] = {}
+        self._node_peer: dict[str, PeerId] = {}  # node_id -> its latest connection
+        self._groups: dict[bytes, _Group] = {}
+        self._parent_peers: dict[PeerId, bytes] = {}  # our ConnectTo peers -> group
+        self._dials = 0
+        self._pending: dict[PeerId, deque[_Pending]] = {}
+        self._slot_bytes = 0
+        self._peak_slot_bytes = 0
+        self._pending_bytes = 0
+
+    # --- observation ----------------------------------------------------------
+
+    @property
+    def state(self) -> NodeState:
+        return self._state
+
+    def group_state(self, group_id: bytes) -> GroupState:
+        group = self._groups.get(group_id)
+        return group.state if group else GroupState.UNKNOWN
+
+    def group_epoch(self, group_id: bytes) -> int | None:
+        group = self._groups.get(group_id)
+        return group.epoch if group else None
+
+    def slot_state(self, group_id: bytes, op_id: int, chunk_index: int) -> SlotState | None:
+        group = self._groups.get(group_id)
+        if group is None:
+            return None
+        slot = group.slots.get((op_id, chunk_index)) or group.record.get((op_id, chunk_index))
+        if slot is not None:
+            return slot.state
+        return SlotState.ABORTED if op_id in group.aborted else None
+
+    def open_slots(self, group_id: bytes) -> int:
+        group = self._groups.get(group_id)
+        return len(group.slots) if group else 0
+
+    @property
+    def slot_bytes(self) -> int:
+        """Payload bytes held for open slots and for aggregates waiting for the parent."""
+        return self._slot_bytes
+
+    @property
+    def peak_slot_bytes(self) -> int:
+        """The largest value :attr:`slot_bytes` has had."""
+        return self._peak_slot_bytes
+
+    @property
+    def pending_bytes(self) -> int:
+        """Payload bytes parked in pending queues (data ahead of its TreeAssignment)."""
+        return self._pending_bytes
+
+    # --- driving --------------------------------------------------------------
+
+    def next_deadline(self) -> float | None:
+        times: list[float] = []
+        if self._rendezvous is not None and self._heartbeat_interval:
+            times.append(self._last_heard + 3 * self._heartbeat_interval)
+            if self._next_heartbeat is not None:
+                times.append(self._next_heartbeat)
+        for queue in self._pending.values():
+            if queue:
+                times.append(queue[0].arrived + self.config.pending_timeout)
+        for group in self._groups.values():
+            if group.retry_at is not None:
+                times.append(group.retry_at)
+            times.extend(slot.deadline for slot in group.slots.values())
+        return min(times, default=None)
+
+    def handle(self, event: Input, now: float) -> list[Command]:
+        """Process one input; never raises for anything a peer can send."""
+        if isinstance(event, PeerConnected):
+            return self._on_connected(event, now)
+        if isinstance(event, PeerDisconnected):
+            return self._on_disconnected(event.peer, event.code, now)
+        if isinstance(event, MessageReceived):
+            if event.peer == self._rendezvous:
+                self._last_heard = now
+                return self._on_rendezvous_message(event.message, now)
+            return self._on_data_message(event.peer, event.message, now)
+        if isinstance(event, MessageMalformed):
+            return [SendMessage(event.peer, Error(code=event.error.code, detail=event.error.detail[:1024]))]
+        if isinstance(event, TimerFired):
+            return self._on_timer(now)
+        raise CcoError(ErrorCode.INTERNAL_ERROR, f"not an input: {event!r}")
+
+    # --- connections ------------------------------------------------------------
+
+    def _on_connected(self, event: PeerConnected, now: float) -> list[Command]:
+        if event.role is Role.RENDEZVOUS:
+            if not NODE_TABLE.allows(self._state, RENDEZVOUS_CONNECTED):
+                return [
+                    ClosePeer(event.peer, ErrorCode.PROTOCOL_VIOLATION, "already attached to a rendezvous")
+                ]
+            self._state = NODE_TABLE.next(self._state, RENDEZVOUS_CONNECTED)
+            self._rendezvous = event.peer
+            self._last_heard = now
+            register = AggregatorRegister(
+                address=self.config.address,
+                capacity=self.config.capacity,
+                max_fan_in=self.config.max_fan_in,
+                labels=self.config.labels,
+            )
+            return [SendMessage(event.peer, register)]
+        self._peers[event.peer] = _Peer(event.node_id, event.role)
+        self._node_peer[event.node_id] = event.peer
+        group_id = self._parent_peers.get(event.peer)
+        if group_id is None:
+            return []
+        group = self._groups[group_id]
+        if group.parent_peer != event.peer:
+            return []  # a connection for an assignment that has since been replaced
+        return self._group_event(group, PARENT_CONNECTED, now)
+
+    def _on_disconnected(self, peer: PeerId, code: ErrorCode, now: float) -> list[Command]:
+        if peer == self._rendezvous:
+            return self._lose_rendezvous(None)
+        info = self._peers.pop(peer, None)
+        if info is not None and self._node_peer.get(info.node_id) == peer:
+            del self._node_peer[info.node_id]
+        dropped = self._pending.pop(peer, ())
+        self._pending_bytes -= sum(_payload_size(p.message) for p in dropped)
+        group_id = self._parent_peers.pop(peer, None)
+        if group_id is None:
+            return []
+        group = self._groups[group_id]
+        if group.parent_peer != peer:
+            return []
+        return self._group_event(group, PARENT_LOST, now, detail=f"parent connection lost ({code.name})")
+
+    def _lose_rendezvous(self, close: str | None) -> list[Command]:
+        out: list[Command] = []
+        if close is not None and self._rendezvous is not None:
+            out.append(ClosePeer(self._rendezvous, ErrorCode.PEER_LOST, close))
+        self._state = NODE_TABLE.next(self._state, RENDEZVOUS_LOST)
+        self._rendezvous = None
+        self._heartbeat_interval = 0.0
+        self._next_heartbeat = None
+        return out
+
+    # --- control plane ----------------------------------------------------------
+
+    def _on_rendezvous_message(self, message: Message, now: float) -> list[Command]:
+        assert self._rendezvous is not None
+        name = type(message).__name__
+        if not NODE_TABLE.allows(self._state, name):
+            return [
+                _refuse(
+                    self._rendezvous,
+                    message,
+                    ErrorCode.PROTOCOL_VIOLATION,
+                    f"{name} is not allowed in state {self._state.name}",
+                )
+            ]
+        self._state = NODE_TABLE.next(self._state, name)
+        if isinstance(message, AggregatorAccept):
+            self.node_id = message.node_id
+            self._heartbeat_interval = message.heartbeat_interval_ms / 1000
+            self._next_heartbeat = now + self._heartbeat_interval
+            return []
+        if isinstance(message, Error):
+            if self._state is NodeState.DETACHED:  # registration refused
+                peer, self._rendezvous = self._rendezvous, None
+                return [ClosePeer(peer, message.code, "registration refused")]
+            return []
+        if isinstance(message, TreeAssignment):
+            return self._on_assignment(message, now)
+        if isinstance(message, EpochChange):
+            group = self._groups.get(message.group_id)
+            if group is None or message.epoch <= group.epoch:
+                return []  # not ours, or already known
+            return self._group_event(group, "EpochChange", now, epoch_change=message)
+        return []  # Heartbeat: liveness already noted
+
+    def _on_assignment(self, message: TreeAssignment, now: float) -> list[Command]:
+        assert self._rendezvous is not None
+        problem = self._check_assignment(message)
+        if problem is not None:
+            code, detail = problem
+            return [_refuse(self._rendezvous, message, code, detail)]
+        group = self._groups.get(message.group_id)
+        if group is None:
+            group = _Group(group_id=message.group_id, epoch=message.epoch)
+        elif message.epoch < group.epoch:
+            return [
+                _refuse(
+                    self._rendezvous,
+                    message,
+                    ErrorCode.STALE_EPOCH,
+                    f"epoch {message.epoch} is older than {group.epoch}",
+                )
+            ]
+        parent = message.parent
+        if parent is None:
+            event = ASSIGNED_ROOT
+        elif (
+            group.parent_up
+            and group.parent_peer is not None
+            and self._peers.get(group.parent_peer, _Peer("", Role.ENDPOINT)).node_id == parent.node_id
+        ):
+            event = ASSIGNED_CONNECTED
+        else:
+            event = ASSIGNED_CONNECT
+        self._groups[group.group_id] = group
+        return self._group_event(group, event, now, assignment=message)
+
+    def _check_assignment(self, message: TreeAssignment) -> tuple[ErrorCode, str] | None:
+        seen: set[int] = set()
+        for child in message.children:
+            ranks = ranks_from_bitmap(child.ranks)
+            if not ranks or seen & ranks:
+                return ErrorCode.INVALID_FIELD, f"child {child.node_id} has empty or overlapping ranks"
+            seen |= ranks
+        if not message.children or seen != ranks_from_bitmap(message.expected):
+            return ErrorCode.INVALID_FIELD, "children's ranks do not partition expected"
+        if len(message.children) > self.config.max_fan_in:
+            return ErrorCode.RESOURCE_EXHAUSTED, f"{len(message.children)} children exceed max_fan_in"
+        active = sum(1 for g in self._groups.values() if g.assignment is not None)
+        if message.group_id not in self._groups and active >= self.config.capacity:
+            return ErrorCode.RESOURCE_EXHAUSTED, f"already serving {active} groups (capacity)"
+        return None
+
+    # --- group transitions ------------------------------------------------------
+
+    def _group_event(
+        self,
+        group: _Group,
+        event: str,
+        now: float,
+        *,
+        assignment: TreeAssignment | None = None,
+        epoch_change: EpochChange | None = None,
+        detail: str = "",
+    ) -> list[Command]:
+        """Apply one group-level event; one the table does not allow changes nothing."""
+        if not GROUP_TABLE.allows(group.state, event):
+            return []
+        group.state = GROUP_TABLE.next(group.state, event)
+        out: list[Command] = []
+        if assignment is not None:
+            out += self._adopt(group, assignment, event, now)
+        elif event == PARENT_CONNECTED:
+            group.parent_up = True
+            group.retry_at = None
+            out += self._flush_outbox(group)
+        elif event == PARENT_LOST:
+            group.parent_up = False
+            if group.state is GroupState.CONNECTING:
+                group.retry_at = now + self.config.retry_interval
+                out += self._abort_all(group, ErrorCode.PEER_LOST, detail, None, now)
+        elif event == PARENT_RETRY:
+            group.retry_at = None
+            out += self._connect_parent(group)
+        elif epoch_change is not None:
+            out += self._change_epoch(group, epoch_change, now)
+        return out
+
+    def _adopt(self, group: _Group, assignment: TreeAssignment, event: str, now: float) -> list[Command]:
+        out: list[Command] = []
+        if assignment.epoch > group.epoch or group.assignment is None:
+            if group.slots or group.outbox:
+                out += self._abort_all(group, ErrorCode.STALE_EPOCH, "superseded by a new epoch", None, now)
+            group.record.clear()
+            group.aborted.clear()
+        group.epoch = assignment.epoch
+        group.assignment = assignment
+        group.children = {c.node_id: ranks_from_bitmap(c.ranks) for c in assignment.children}
+        group.expected = ranks_from_bitmap(assignment.expected)
+        if event == ASSIGNED_ROOT:
+            out += self._close_parent(group)
+            out += self._flush_outbox(group)
+        elif event == ASSIGNED_CONNECT:
+            out += self._close_parent(group)
+            out += self._connect_parent(group)
+        out += self._release_pending(group, now)
+        return out
+
+    def _close_parent(self, group: _Group) -> list[Command]:
+        peer, group.parent_peer = group.parent_peer, None
+        group.parent_up = False
+        group.retry_at = None
+        if peer is None:
+            return []
+        self._parent_peers.pop(peer, None)
+        return [ClosePeer(peer, ErrorCode.NO_ERROR, "parent changed")]
+
+    def _connect_parent(self, group: _Group) -> list[Command]:
+        assert group.assignment is not None and group.assignment.parent is not None
+        parent = group.assignment.parent
+        self._dials += 1
+        peer = f"parent/{group.group_id.hex()}/{group.epoch}/{self._dials}"
+        group.parent_peer = peer
+        self._parent_peers[peer] = group.group_id
+        return [ConnectTo(peer, parent.address, parent.node_id)]
+
+    def _change_epoch(self, group: _Group, change: EpochChange, now: float) -> list[Command]:
+        lost = group.expected - ranks_from_bitmap(change.members)
+        code = ErrorCode.PEER_LOST if change.code is ErrorCode.NO_ERROR else change.code
+        out = self._abort_all(group, code, f"epoch changed to {change.epoch}", lost or None, now)
+        group.epoch = change.epoch
+        group.assignment = None
+        group.record.clear()
+        group.aborted.clear()
+        return out
+
+    # --- data plane -------------------------------------------------------------
+
+    def _on_data_message(self, peer: PeerId, message: Message, now: float) -> list[Command]:
+        info = self._peers.get(peer)
+        if isinstance(message, Heartbeat | Error):
+            return []  # liveness and reports from data peers need no answer
+        if not isinstance(message, ChunkMessage | Abort):
+            return [
+                _refuse(
+                    peer,
+                    message,
+                    ErrorCode.PROTOCOL_VIOLATION,
+                    f"{type(message).__name__} is not accepted on a data connection",
+                )
+            ]
+        if info is None:
+            return [_refuse(peer, message, ErrorCode.UNAUTHORIZED, "peer is not identified")]
+        group = self._groups.get(message.group_id)
+        from_parent = group is not None and peer == group.parent_peer
+        if from_parent:
+            assert group is not None
+            return self._on_chunk_down(group, peer, message, now)
+        return self._on_chunk_up(group, peer, info, message, now)
+
+    def _on_chunk_up(
+        self, group: _Group | None, peer: PeerId, info: _Peer, message: ChunkMessage | Abort, now: float
+    ) -> list[Command]:
+        if group is None or group.assignment is None or message.epoch > group.epoch:
+            if group is not None and message.epoch < group.epoch:
+                return [self._stale(peer, message, group.epoch)]
+            return self._park(peer, message, now)
+        if message.epoch < group.epoch:
+            return [self._stale(peer, message, group.epoch)]
+        ranks = group.children.get(info.node_id)
+        if ranks is None:
+            return [
+                _refuse(
+                    peer,
+                    message,
+                    ErrorCode.UNAUTHORIZED,
+                    f"node {info.node_id} is not a child in group {group.group_id.hex()}",
+                )
+            ]
+        group.state = GROUP_TABLE.next(group.state, CHUNK_UP)
+        self._node_peer[info.node_id] = peer
+        if isinstance(message, Abort):
+            missing = ranks_from_bitmap(message.missing) & ranks if message.missing is not None else None
+            return self._abort_op(group, message.op_id, message.code, message.detail, missing, origin=peer)
+        contributors = ranks_from_bitmap(message.contributors)
+        if not contributors <= ranks:
+            return [
+                _refuse(
+                    peer,
+                    message,
+                    ErrorCode.UNAUTHORIZED,
+                    f"node {info.node_id} may speak for ranks {_ranks_text(ranks)} only, "
+                    f"not {_ranks_text(contributors - ranks)}",
+                )
+            ]
+        if isinstance(message, BroadcastData):
+            return self._on_broadcast_up(group, peer, message)
+        if not isinstance(message, Contribution | PartialAggregate):
+            return [
+                _refuse(
+                    peer,
+                    message,
+                    ErrorCode.PROTOCOL_VIOLATION,
+                    f"{type(message).__name__} does not travel up the tree",
+                )
+            ]
+        assert group.assignment is not None
+        if message.chunk_elements != group.assignment.params.chunk_elements:
+            return [
+                _refuse(
+                    peer,
+                    message,
+                    ErrorCode.OPERATION_MISMATCH,
+                    f"chunk_elements {message.chunk_elements} differs from the group's "
+                    f"{group.assignment.params.chunk_elements}",
+                )
+            ]
+        return self._on_part(group, peer, info.node_id, message, contributors, now)
+
+    def _on_broadcast_up(self, group: _Group, peer: PeerId, message: BroadcastData) -> list[Command]:
+        if ranks_from_bitmap(message.contributors) != {message.root}:
+            return [
+                _refuse(peer, message, ErrorCode.UNAUTHORIZED, "broadcast data must come from its root only")
+            ]
+        if group.assignment is not None and group.assignment.parent is not None:
+            return self._send_up(group, message)
+        return self._send_down(group, message)
+
+    def _on_part(
+        self,
+        group: _Group,
+        peer: PeerId,
+        child: str,
+        message: ChunkMessage,
+        contributors: frozenset[int],
+        now: float,
+    ) -> list[Command]:
+        key = (message.op_id, message.chunk_index)
+        slot = group.slots.get(key) or group.record.get(key)
+        if slot is None and message.op_id in group.aborted:
+            return []  # the operation is over: a late part changes nothing
+        if slot is None:
+            if len(group.slots) >= group.window:
+                return [
+                    _refuse(
+                        peer,
+                        message,
+                        ErrorCode.RESOURCE_EXHAUSTED,
+                        f"group {group.group_id.hex()} already has {len(group.slots)} open slots "
+                        f"(window {group.window})",
+                    )
+                ]
+            slot = _Slot(opened=now, deadline=now + group.timeout)
+            group.slots[key] = slot
+        digest = fingerprint(message)
+        if child in slot.fingerprints:
+            event = RETRANSMISSION if slot.fingerprints[child] == digest else CONFLICT
+        elif (slot.received | contributors) == group.expected:
+            event = LAST_PART
+        else:
+            event = PART
+        if not SLOT_TABLE.allows(slot.state, event):
+            return [
+                _refuse(
+                    peer,
+                    message,
+                    ErrorCode.DUPLICATE_CONTRIBUTION,
+                    f"op {message.op_id} chunk {message.chunk_index}: node {child} sent a different "
+                    f"chunk in place of one already taken",
+                )
+            ]
+        if event == RETRANSMISSION or slot.state is SlotState.ABORTED:
+            slot.state = SLOT_TABLE.next(slot.state, event)
+            return []
+        try:
+            merged = message if slot.aggregate is None else payload.combine([slot.aggregate, message], _UP)
+        except CcoError as error:
+            if not slot.fingerprints:  # the slot this part opened holds nothing: close it again
+                del group.slots[key]
+            return [_refuse(peer, message, error.code, error.detail)]
+        self._account(len(merged.payload) - (len(slot.aggregate.payload) if slot.aggregate else 0))
+        slot.aggregate = merged
+        slot.fingerprints[child] = digest
+        slot.received |= contributors
+        slot.state = SLOT_TABLE.next(slot.state, event)
+        if event == PART:
+            return []
+        return self._complete(group, key, slot)
+
+    def _complete(self, group: _Group, key: SlotKey, slot: _Slot) -> list[Command]:
+        assert slot.aggregate is not None and group.assignment is not None
+        aggregate = slot.aggregate
+        self._account(-len(aggregate.payload))
+        slot.aggregate = None
+        del group.slots[key]
+        self._remember(group, key, slot)
+        if group.assignment.parent is not None:
+            return self._send_up(group, _retype(aggregate, PartialAggregate))
+        return self._send_down(group, _retype(aggregate, Result))
+
+    def _remember(self, group: _Group, key: SlotKey, slot: _Slot) -> None:
+        group.record[key] = slot
+        while len(group.record) > self.config.record_limit:
+            group.record.popitem(last=False)
+
+    def _on_chunk_down(
+        self, group: _Group, peer: PeerId, message: ChunkMessage | Abort, now: float
+    ) -> list[Command]:
+        if not GROUP_TABLE.allows(group.state, CHUNK_DOWN):
+            return [_refuse(peer, message, ErrorCode.UNKNOWN_GROUP, "group is not assigned here")]
+        group.state = GROUP_TABLE.next(group.state, CHUNK_DOWN)
+        if group.assignment is None or message.epoch != group.epoch:
+            return []  # an old epoch's traffic, already aborted locally
+        if isinstance(message, Abort):
+            missing = ranks_from_bitmap(message.missing) if message.missing is not None else None
+            return self._abort_op(group, message.op_id, message.code, message.detail, missing, origin=peer)
+        if not isinstance(message, Result | BroadcastData):
+            return [
+                _refuse(
+                    peer,
+                    message,
+                    ErrorCode.PROTOCOL_VIOLATION,
+                    f"{type(message).__name__} does not travel down the tree",
+                )
+            ]
+        return self._send_down(group, message)
+
+    # --- sending ----------------------------------------------------------------
+
+    def _send_up(self, group: _Group, message: ChunkMessage | Abort) -> list[Command]:
+        if group.parent_up and group.parent_peer is not None:
+            return [SendMessage(group.parent_peer, message)]
+        group.outbox.append(message)
+        self._account(_payload_size(message))
+        return []
+
+    def _flush_outbox(self, group: _Group) -> list[Command]:
+        queued, group.outbox = group.outbox, []
+        self._account(-sum(_payload_size(m) for m in queued))
+        if group.assignment is None or group.assignment.parent is None:
+            # Now the root: what was waiting for a parent goes to the children instead.
+            out: list[Command] = []
+            for message in queued:
+                if isinstance(message, PartialAggregate):
+                    out += self._send_down(group, _retype(message, Result))
+                elif isinstance(message, BroadcastData):
+                    out += self._send_down(group, message)
+            return out
+        assert group.parent_peer is not None
+        return [SendMessage(group.parent_peer, m) for m in queued]
+
+    def _send_down(self, group: _Group, message: Message, skip: PeerId | None = None) -> list[Command]:
+        out: list[Command] = []
+        for node_id in group.children:
+            peer = self._node_peer.get(node_id)
+            if peer is not None and peer != skip:
+                out.append(SendMessage(peer, message))
+        return out
+
+    # --- aborts -----------------------------------------------------------------
+
+    def _abort_op(
+        self,
+        group: _Group,
+        op_id: int,
+        code: ErrorCode,
+        detail: str,
+        missing: frozenset[int] | None,
+        *,
+        origin: PeerId | None = None,
+    ) -> list[Command]:
+        """End one operation in this group: free its slots, tell the tree once."""
+        if op_id in group.aborted:
+            return []
+        group.aborted[op_id] = None
+        while len(group.aborted) > self.config.record_limit:
+            group.aborted.popitem(last=False)
+        for key in [k for k in group.slots if k[0] == op_id]:
+            slot = group.slots.pop(key)
+            slot.state = SLOT_TABLE.next(slot.state, ABORT)
+            if slot.aggregate is not None:
+                self._account(-len(slot.aggregate.payload))
+                slot.aggregate = None
+            self._remember(group, key, slot)
+        for key, slot in group.record.items():
+            if key[0] == op_id:
+                slot.state = SLOT_TABLE.next(slot.state, ABORT)
+        kept = [m for m in group.outbox if m.op_id != op_id]
+        self._account(-sum(_payload_size(m) for m in group.outbox if m.op_id == op_id))
+        group.outbox = kept
+        abort = Abort(
+            group_id=group.group_id,
+            epoch=group.epoch,
+            op_id=op_id,
+            code=code,
+            detail=detail[:1024],
+            missing=bitmap_from_ranks(missing) if missing else None,
+        )
+        out = self._send_down(group, abort, skip=origin)
+        if (
+            group.assignment is not None
+            and group.assignment.parent is not None
+            and origin != group.parent_peer
+        ):
+            out += self._send_up(group, abort)
+        return out
+
+    def _abort_all(
+        self, group: _Group, code: ErrorCode, detail: str, missing: frozenset[int] | None, now: float
+    ) -> list[Command]:
+        ops = sorted({k[0] for k in group.slots} | {m.op_id for m in group.outbox})
+        out: list[Command] = []
+        for op_id in ops:
+            out += self._abort_op(group, op_id, code, detail, missing, origin=group.parent_peer)
+        return out
+
+    def _stale(self, peer: PeerId, message: ChunkMessage | Abort, epoch: int) -> Command:
+        return SendMessage(
+            peer,
+            Abort(
+                group_id=message.group_id,
+                epoch=message.epoch,
+                op_id=message.op_id,
+                code=ErrorCode.STALE_EPOCH,
+                detail=f"epoch {message.epoch} is over; the group is in epoch {epoch}",
+            ),
+        )
+
+    # --- pending queue ----------------------------------------------------------
+
+    def _park(self, peer: PeerId, message: ChunkMessage | Abort, now: float) -> list[Command]:
+        queue = self._pending.setdefault(peer, deque())
+        if len(queue) >= self.config.pending_limit:
+            return [
+                _refuse(
+                    peer,
+                    message,
+                    ErrorCode.RESOURCE_EXHAUSTED,
+                    f"pending queue full ({self.config.pending_limit} messages) for group "
+                    f"{message.group_id.hex()} epoch {message.epoch}",
+                )
+            ]
+        queue.append(_Pending(now, message))
+        self._pending_bytes += _payload_size(message)
+        return []
+
+    def _release_pending(self, group: _Group, now: float) -> list[Command]:
+        out: list[Command] = []
+        for peer, queue in list(self._pending.items()):
+            mine: list[_Pending] = []
+            rest: deque[_Pending] = deque()
+            for entry in queue:
+                ours = entry.message.group_id == group.group_id and entry.message.epoch <= group.epoch
+                (mine if ours else rest).append(entry)
+            if not mine:
+                continue
+            self._pending[peer] = rest
+            self._pending_bytes -= sum(_payload_size(p.message) for p in mine)
+            for entry in mine:
+                out += self._on_data_message(peer, entry.message, now)
+        return out
+
+    def _expire_pending(self, now: float) -> list[Command]:
+        out: list[Command] = []
+        for peer, queue in self._pending.items():
+            told: set[tuple[bytes, int, int]] = set()
+            while queue and queue[0].arrived + self.config.pending_timeout <= now:
+                message = queue.popleft().message
+                self._pending_bytes -= _payload_size(message)
+                op = (message.group_id, message.epoch, message.op_id)
+                if op in told:
+                    continue
+                told.add(op)
+                abort = Abort(
+                    group_id=message.group_id,
+                    epoch=message.epoch,
+                    op_id=message.op_id,
+                    code=ErrorCode.UNKNOWN_GROUP,
+                    detail=f"no assignment for group {message.group_id.hex()} epoch {message.epoch} "
+                    f"within {self.config.pending_timeout}s",
+                )
+                out.append(SendMessage(peer, abort))
+        return out
+
+    # --- timers -----------------------------------------------------------------
+
+    def _on_timer(self, now: float) -> list[Command]:
+        out: list[Command] = []
+        if self._rendezvous is not None and self._heartbeat_interval:
+            if now >= self._last_heard + 3 * self._heartbeat_interval:
+                out += self._lose_rendezvous("no message for three heartbeat intervals")
+            elif self._next_heartbeat is not None and now >= self._next_heartbeat:
+                self._heartbeat_seq += 1
+                out.append(SendMessage(self._rendezvous, Heartbeat(seq=self._heartbeat_seq)))
+                self._next_heartbeat = now + self._heartbeat_interval
+        out += self._expire_pending(now)
+        for group in list(self._groups.values()):
+            if group.retry_at is not None and group.retry_at <= now:
+                out += self._group_event(group, PARENT_RETRY, now)
+            out += self._expire_slots(group, now)
+        return out
+
+    def _expire_slots(self, group: _Group, now: float) -> list[Command]:
+        late = sorted({key[0] for key, slot in group.slots.items() if slot.deadline <= now})
+        out: list[Command] = []
+        for op_id in late:
+            group.state = GROUP_TABLE.next(group.state, SLOT_TIMEOUT)
+            open_slots = [(k, s) for k, s in group.slots.items() if k[0] == op_id]
+            missing: set[int] = set()
+            for _, slot in open_slots:
+                missing |= group.expected - slot.received
+            chunks = sorted(k[1] for k, _ in open_slots)
+            for _, slot in open_slots:
+                slot.state = SLOT_TABLE.next(slot.state, TIMEOUT)
+            detail = (
+                f"aggregator {self.node_id}: group {group.group_id.hex()} op {op_id} chunks {chunks} "
+                f"incomplete after {group.timeout:g}s; missing ranks {_ranks_text(missing)}"
+            )
+            out += self._abort_op(group, op_id, ErrorCode.TIMEOUT, detail, frozenset(missing))
+        return out
+
+    # --- accounting -------------------------------------------------------------
+
+    def _account(self, delta: int) -> None:
+        self._slot_bytes += delta
+        self._peak_slot_bytes = max(self._peak_slot_bytes, self._slot_bytes)
+
+
+_UP = PartialAggregate
+
+
+def _payload_size(message: Message) -> int:
+    return len(message.payload) if isinstance(message, ChunkMessage) else 0
+
+
+def _refuse(peer: PeerId, message: Message, code: ErrorCode, detail: str) -> SendMessage:
+    """The Error a peer gets for one refused message; its other traffic is unaffected."""
+    return SendMessage(peer, Error(code=code, detail=detail[:1024], message_type=int(message.TYPE)))
+
+
+__all__ = [
+    "GROUP_TABLE",
+    "NODE_TABLE",
+    "SLOT_TABLE",
+    "TABLES",
+    "AggregatorConfig",
+    "AggregatorMachine",
+    "GroupState",
+    "NodeState",
+    "SlotState",
+    "fingerprint",
+]

@@ -1,0 +1,1025 @@
+"""The endpoint session as a sans-I/O state machine: one membership of one group.
+
+The session joins the group at the rendezvous, connects to the aggregator the
+rendezvous names as its parent, and runs collectives over that tree:
+
+* :meth:`EndpointMachine.start` turns a :class:`CollectiveRequest` into an
+  operation: the whole array is encoded to wire integers at once (so an unencodable
+  value fails the call before anything is sent), and each chunk is sealed only
+  when the window lets it leave, under the epoch current at that moment;
+* at most ``GroupParams.window`` chunks of the session are outstanding at a time,
+  across all its operations in call order; a chunk stops being outstanding when
+  its result comes back, so the tree's memory per group stays bounded by
+  window x chunk size (SwitchML's self-clocking);
+* every Result or BroadcastData chunk is verified (:func:`payload.open_verified`)
+  against the ranks that must have contributed and against this rank's own
+  contribution before it is written into the result buffer; the operation
+  completes once every chunk is verified, and only then is the array decoded.
+
+Every failure reaches the caller as :class:`OperationFailed` carrying an
+:class:`OperationError`, which names the group, the operation, the collective and,
+when anyone knows them, the ranks that did not contribute.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+
+from cco.nodes.events import (
+    ClosePeer,
+    Command,
+    ConnectTo,
+    Input,
+    Joined,
+    MessageMalformed,
+    MessageReceived,
+    OperationCompleted,
+    OperationFailed,
+    PeerConnected,
+    PeerDisconnected,
+    PeerId,
+    SendMessage,
+    TimerFired,
+)
+from cco.nodes.fsm import TransitionTable
+from cco.wire import payload
+from cco.wire.dtypes import ELEMENT_TYPES
+from cco.wire.errors import CcoError, ErrorCode
+from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap
+from cco.wire.messages import (
+    MAX_TOTAL_ELEMENTS,
+    Abort,
+    BroadcastData,
+    ChunkMessage,
+    Contribution,
+    EpochChange,
+    Error,
+    GroupParams,
+    Heartbeat,
+    JoinAccept,
+    JoinReject,
+    JoinRequest,
+    Leave,
+    Message,
+    Result,
+    TreeAssignment,
+    chunk_count,
+    chunk_length,
+)
+from cco.wire.ops import BIT_EXACT_KINDS, SUM_KINDS, check_operation
+from cco.wire.registries import Collective, DType, ReduceOp, Role
+
+# --- states and transition tables -------------------------------------------------
+
+
+class SessionState(Enum):
+    """One group membership, from the rendezvous connection to leaving."""
+
+    IDLE = "idle"  # waiting for the rendezvous connection
+    JOINING = "joining"  # JoinRequest sent
+    ACCEPTED = "accepted"  # JoinAccept received; waiting for the first tree
+    CONNECTING = "connecting"  # first tree received; dialling the parent
+    READY = "ready"  # parent connected: collectives run
+    REPLANNING = "replanning"  # the epoch changed; waiting for the new tree
+    RECONNECTING = "reconnecting"  # new tree or lost parent; dialling the parent
+    REJECTED = "rejected"  # JoinReject (terminal)
+    LEFT = "left"  # leave() (terminal)
+    CLOSED = "closed"  # the rendezvous was lost (terminal)
+
+
+class OperationState(Enum):
+    """One collective call."""
+
+    QUEUED = "queued"  # started; no chunk has left yet
+    SENDING = "sending"  # some chunks sent, some still held back by the window
+    AWAITING = "awaiting"  # everything sent; waiting for verified results
+    COMPLETED = "completed"  # every chunk verified and decoded (terminal)
+    FAILED = "failed"  # aborted, timed out, failed verification or lost (terminal)
+
+
+RENDEZVOUS_CONNECTED = "rendezvous connected"
+RENDEZVOUS_LOST = "rendezvous lost"
+TREE_CONNECTED = "TreeAssignment [parent up]"
+TREE_DIAL = "TreeAssignment [dial parent]"
+PARENT_CONNECTED = "parent connected"
+PARENT_LOST = "parent lost"
+START = "start()"
+LEAVE = "leave()"
+ERROR_RENDEZVOUS = "Error [rendezvous]"
+ERROR_PARENT = "Error [parent]"
+
+_S = SessionState
+_LIVE = (_S.JOINING, _S.ACCEPTED, _S.CONNECTING, _S.READY, _S.REPLANNING, _S.RECONNECTING)
+_DATA = {"Result": None, "BroadcastData": None, "Abort": None, ERROR_PARENT: None}
+
+
+def _moves(state: SessionState, specific: dict[str, SessionState]) -> dict[str, SessionState]:
+    """``specific`` plus what every live state allows: heartbeats, reports, loss, leave()."""
+    common = {
+        "Heartbeat": state,
+        ERROR_RENDEZVOUS: state,
+        RENDEZVOUS_LOST: _S.CLOSED,
+        LEAVE: _S.LEFT,
+    }
+    return {**common, **specific}
+
+
+SESSION_TABLE: TransitionTable[SessionState] = TransitionTable(
+    "endpoint session",
+    {
+        _S.IDLE: {RENDEZVOUS_CONNECTED: _S.JOINING, LEAVE: _S.LEFT},
+        _S.JOINING: _moves(
+            _S.JOINING, {"JoinAccept": _S.ACCEPTED, "JoinReject": _S.REJECTED, ERROR_RENDEZVOUS: _S.REJECTED}
+        ),
+        _S.ACCEPTED: _moves(
+            _S.ACCEPTED, {TREE_DIAL: _S.CONNECTING, TREE_CONNECTED: _S.READY, "EpochChange": _S.ACCEPTED}
+        ),
+        _S.CONNECTING: _moves(
+            _S.CONNECTING,
+            {
+                PARENT_CONNECTED: _S.READY,
+                PARENT_LOST: _S.CONNECTING,
+                TREE_DIAL: _S.CONNECTING,
+                TREE_CONNECTED: _S.READY,
+                "EpochChange": _S.ACCEPTED,
+            },
+        ),
+        _S.READY: _moves(
+            _S.READY,
+            {
+                START: _S.READY,
+                **dict.fromkeys(_DATA, _S.READY),
+                PARENT_LOST: _S.RECONNECTING,
+                TREE_DIAL: _S.RECONNECTING,
+                TREE_CONNECTED: _S.READY,
+                "EpochChange": _S.REPLANNING,
+            },
+        ),
+        _S.REPLANNING: _moves(
+            _S.REPLANNING,
+            {
+                START: _S.REPLANNING,
+                **dict.fromkeys(_DATA, _S.REPLANNING),
+                PARENT_LOST: _S.REPLANNING,
+                TREE_DIAL: _S.RECONNECTING,
+                TREE_CONNECTED: _S.READY,
+                "EpochChange": _S.REPLANNING,
+            },
+        ),
+        _S.RECONNECTING: _moves(
+            _S.RECONNECTING,
+            {
+                START: _S.RECONNECTING,
+                **dict.fromkeys(_DATA, _S.RECONNECTING),
+                PARENT_CONNECTED: _S.READY,
+                PARENT_LOST: _S.RECONNECTING,
+                TREE_DIAL: _S.RECONNECTING,
+                TREE_CONNECTED: _S.READY,
+                "EpochChange": _S.REPLANNING,
+            },
+        ),
+        _S.REJECTED: {LEAVE: _S.REJECTED},
+        _S.LEFT: {LEAVE: _S.LEFT},
+        _S.CLOSED: {LEAVE: _S.CLOSED},
+    },
+)
+
+SENT = "chunk sent"
+ALL_SENT = "all chunks sent"
+CHUNK = "chunk verified"
+LAST_CHUNK = "last chunk verified"
+DUPLICATE = "duplicate chunk"
+BAD_CHUNK = "chunk refused"
+ABORTED = "Abort"
+DEADLINE = "deadline"
+LOST = "epoch change or lost parent"
+
+_O = OperationState
+_ENDINGS = {BAD_CHUNK: _O.FAILED, ABORTED: _O.FAILED, DEADLINE: _O.FAILED, LOST: _O.FAILED}
+OPERATION_TABLE: TransitionTable[OperationState] = TransitionTable(
+    "endpoint operation",
+    {
+        _O.QUEUED: {SENT: _O.SENDING, ALL_SENT: _O.AWAITING, DUPLICATE: _O.QUEUED, **_ENDINGS},
+        _O.SENDING: {
+            SENT: _O.SENDING,
+            ALL_SENT: _O.AWAITING,
+            CHUNK: _O.SENDING,
+            DUPLICATE: _O.SENDING,
+            **_ENDINGS,
+        },
+        _O.AWAITING: {CHUNK: _O.AWAITING, LAST_CHUNK: _O.COMPLETED, DUPLICATE: _O.AWAITING, **_ENDINGS},
+    },
+)
+
+TABLES = (SESSION_TABLE, OPERATION_TABLE)
+
+
+# --- the public pieces --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EndpointConfig:
+    """Who this session is in which group.
+
+    ``early_limit`` bounds the chunks kept for operations this rank has not started
+    yet (a broadcast root may run ahead of a receiver); ``retry_interval`` is the
+    pause before dialling a lost parent again.
+    """
+
+    group_id: bytes
+    world_size: int
+    credential: bytes
+    rank: int | None = None
+    labels: tuple[str, ...] = ()
+    early_limit: int = 1 << 16
+    retry_interval: float = 1.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CollectiveRequest:
+    """One collective call.
+
+    ``array`` is the rank's input (for a broadcast receiver, optional: its shape is
+    used for the result); ``root`` names the root of REDUCE and BROADCAST.  ``scale``
+    overrides the fixed-point scale of float reductions (every rank must pass the
+    same one).  ``timeout`` is in seconds; None means the group's operation timeout
+    plus one heartbeat interval, so that the tree's Abort, which names the missing
+    ranks, normally arrives first.  ``dtype`` is needed only for BFLOAT16 (carried
+    in float32 arrays); otherwise it follows ``array.dtype``.
+    """
+
+    kind: Collective
+    op: ReduceOp = ReduceOp.SUM
+    array: np.ndarray | None = None
+    root: int | None = None
+    scale: int | None = None
+    timeout: float | None = None
+    dtype: DType | None = None
+
+
+class OperationError(CcoError):
+    """Why one collective failed, with who and what was missing."""
+
+    def __init__(
+        self,
+        code: ErrorCode,
+        detail: str,
+        *,
+        group_id: bytes,
+        op_id: int,
+        kind: Collective,
+        missing_ranks: frozenset[int] | None = None,
+        missing_chunks: tuple[int, ...] = (),
+    ) -> None:
+        ranks = "unknown" if missing_ranks is None else _ranks_text(missing_ranks)
+        super().__init__(
+            code, f"group {group_id.hex()} op {op_id} {kind.name}: {detail}; missing ranks {ranks}"
+        )
+        self.group_id = group_id
+        self.op_id = op_id
+        self.kind = kind
+        self.missing_ranks = missing_ranks
+        self.missing_chunks = missing_chunks
+
+
+_NUMPY_DTYPES: dict[np.dtype[np.generic], DType] = {
+    t.storage: code for code, t in ELEMENT_TYPES.items() if code is not DType.BFLOAT16
+}
+
+
+# --- internal records -------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Operation:
+    op_id: int
+    kind: Collective
+    op: ReduceOp
+    dtype: DType
+    scale: int
+    root: int | None
+    total: int  # wire integers
+    shape: tuple[int, ...] | None  # the caller's array shape, when known
+    values: np.ndarray | None  # this rank's wire integers; None when it sends nothing
+    deadline: float
+    timeout: float
+    epoch: int | None = None  # fixed by the first chunk sent (or the first received)
+    chunk_elements: int = 0
+    chunks: int = 0
+    state: OperationState = OperationState.QUEUED
+    next_chunk: int = 0
+    outstanding: set[int] = field(default_factory=set)
+    verified: set[int] = field(default_factory=set)
+    buffer: np.ndarray | None = None
+    members: frozenset[int] = frozenset()
+
+
+def _ranks_text(ranks: frozenset[int] | set[int]) -> str:
+    return "{" + ", ".join(str(r) for r in sorted(ranks)) + "}"
+
+
+# --- the machine ------------------------------------------------------------------
+
+
+class EndpointMachine:
+    """One group membership: ``handle(event, now)``, ``start``, ``leave``, ``next_deadline``."""
+
+    def __init__(self, config: EndpointConfig) -> None:
+        self.config = config
+        self._state = SessionState.IDLE
+        self._rendezvous: PeerId | None = None
+        self._parent: PeerId | None = None
+        self._parent_node: str | None = None
+        self._parent_up = False
+        self._dials = 0
+        self._retry_at: float | None = None
+        self._rank: int | None = None
+        self._world_size = config.world_size
+        self._epoch = 0
+        self._members: frozenset[int] = frozenset()
+        self._params: GroupParams | None = None
+        self._keys: payload.GroupKeys | None = None
+        self._assignment: TreeAssignment | None = None
+        self._joined = False
+        self._heartbeat_seq = 0
+        self._next_heartbeat: float | None = None
+        self._last_heard = 0.0
+        self._next_op_id = 0
+        self._ops: OrderedDict[int, _Operation] = OrderedDict()
+        self._early: dict[int, list[ChunkMessage | Abort]] = {}
+        self._early_count = 0
+        self._outstanding = 0
+
+    # --- observation ----------------------------------------------------------
+
+    @property
+    def state(self) -> SessionState:
+        return self._state
+
+    @property
+    def rank(self) -> int | None:
+        return self._rank
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def members(self) -> frozenset[int]:
+        return self._members
+
+    @property
+    def group_id(self) -> bytes:
+        return self.config.group_id
+
+    @property
+    def outstanding(self) -> int:
+        """Chunks sent whose result has not come back, across all operations."""
+        return self._outstanding
+
+    def operation_state(self, op_id: int) -> OperationState | None:
+        op = self._ops.get(op_id)
+        return op.state if op else None
+
+    # --- local API ------------------------------------------------------------
+
+    def start(self, request: CollectiveRequest, now: float) -> tuple[int, list[Command]]:
+        """Begin a collective; returns its op_id and what to send now.
+
+        Raises :class:`CcoError` for misuse only (not joined, bad arguments); a
+        value that cannot be encoded consumes the op_id and fails the operation,
+        so that every rank's op_id sequence stays aligned.
+        """
+        if not SESSION_TABLE.allows(self._state, START):
+            raise CcoError(
+                ErrorCode.PROTOCOL_VIOLATION, f"start() is not allowed in state {self._state.name}"
+            )
+        assert self._params is not None and self._rank is not None
+        dtype, op, root = self._check_request(request)
+        element = ELEMENT_TYPES[dtype]
+        array = None if request.array is None else np.asarray(request.array)
+        if array is not None and array.dtype != element.storage:
+            raise CcoError(ErrorCode.INVALID_FIELD, f"{dtype.name} arrays are numpy {element.storage}")
+        if request.scale is not None:
+            scale = request.scale
+        elif (
+            element.is_float
+            and request.kind not in BIT_EXACT_KINDS
+            and request.kind is not Collective.BARRIER
+        ):
+            scale = payload.default_scale(dtype, self._world_size)
+        else:
+            scale = 0
+        check_operation(request.kind, op, dtype, scale, 0 if array is None else array.size)
+        sending = request.kind is not Collective.BROADCAST or root == self._rank
+        shape = array.shape if array is not None else None
+        op_id = self._next_op_id
+        self._next_op_id += 1
+        timeout = request.timeout if request.timeout is not None else self._default_timeout()
+        try:
+            values = self._encode(request.kind, array, dtype, scale) if sending else None
+        except CcoError as error:
+            return op_id, self._refuse_start(op_id, request.kind, error)
+        if values is not None:
+            total = values.size
+        elif array is not None:  # a broadcast receiver that knows the shape
+            total = array.size * element.patterns_per_element
+        else:  # learnt from the first verified chunk
+            total = -1
+        operation = _Operation(
+            op_id=op_id,
+            kind=request.kind,
+            op=op,
+            dtype=dtype,
+            scale=scale,
+            root=root,
+            total=total,
+            shape=shape,
+            values=values,
+            deadline=now + timeout,
+            timeout=timeout,
+        )
+        self._ops[op_id] = operation
+        if total >= 0:
+            self._size(operation, total)
+        out: list[Command] = []
+        if not sending:
+            self._op_event(operation, ALL_SENT)
+        for message in self._early.pop(op_id, []):
+            self._early_count -= 1
+            out += self._on_op_message(operation, message, now)
+        if operation.state not in (OperationState.COMPLETED, OperationState.FAILED):
+            out += self._pump(now)
+        return op_id, out
+
+    def leave(self, now: float) -> list[Command]:
+        """Leave the group: tell the rendezvous, fail what is in flight, close."""
+        if not SESSION_TABLE.allows(self._state, LEAVE):
+            raise CcoError(
+                ErrorCode.PROTOCOL_VIOLATION, f"leave() is not allowed in state {self._state.name}"
+            )
+        was = self._state
+        self._state = SESSION_TABLE.next(self._state, LEAVE)
+        if was is self._state:
+            return []
+        out = self._fail_all(ErrorCode.ABORTED, "this rank left the group", None)
+        if self._rendezvous is not None:
+            if self._rank is not None and was is not SessionState.JOINING:
+                leave = Leave(group_id=self.config.group_id, rank=self._rank, code=ErrorCode.NO_ERROR)
+                out.append(SendMessage(self._rendezvous, leave))
+            out.append(ClosePeer(self._rendezvous, ErrorCode.NO_ERROR, "left the group"))
+        out += self._drop_parent("left the group")
+        self._rendezvous = None
+        self._next_heartbeat = None
+        return out
+
+    # --- driving --------------------------------------------------------------
+
+    def next_deadline(self) -> float | None:
+        times = [op.deadline for op in self._ops.values()]
+        if self._rendezvous is not None and self._next_heartbeat is not None and self._params is not None:
+            times.append(self._next_heartbeat)
+            times.append(self._last_heard + 3 * self._heartbeat_interval)
+        if self._retry_at is not None:
+            times.append(self._retry_at)
+        return min(times, default=None)
+
+    def handle(self, event: Input, now: float) -> list[Command]:
+        """Process one input; never raises for anything a peer can send."""
+        if isinstance(event, PeerConnected):
+            return self._on_connected(event, now)
+        if isinstance(event, PeerDisconnected):
+            return self._on_disconnected(event, now)
+        if isinstance(event, MessageReceived):
+            if event.peer == self._rendezvous:
+                self._last_heard = now
+                return self._on_rendezvous(event.message, now)
+            if event.peer == self._parent:
+                return self._on_parent(event.message, now)
+            return [_refuse(event.peer, event.message, ErrorCode.UNAUTHORIZED, "not a peer of this session")]
+        if isinstance(event, MessageMalformed):
+            return [SendMessage(event.peer, Error(code=event.error.code, detail=event.error.detail[:1024]))]
+        if isinstance(event, TimerFired):
+            return self._on_timer(now)
+        raise CcoError(ErrorCode.INTERNAL_ERROR, f"not an input: {event!r}")
+
+    # --- session transitions -------------------------------------------------
+
+    def _session_event(self, event: str) -> bool:
+        """Move the session if ``event`` is legal now; False means refuse it."""
+        if not SESSION_TABLE.allows(self._state, event):
+            return False
+        self._state = SESSION_TABLE.next(self._state, event)
+        return True
+
+    def _on_connected(self, event: PeerConnected, now: float) -> list[Command]:
+        if event.role is Role.RENDEZVOUS:
+            if not self._session_event(RENDEZVOUS_CONNECTED):
+                return [ClosePeer(event.peer, ErrorCode.PROTOCOL_VIOLATION, f"session is {self._state.name}")]
+            self._rendezvous = event.peer
+            self._last_heard = now
+            request = JoinRequest(
+                group_id=self.config.group_id,
+                world_size=self.config.world_size,
+                credential=self.config.credential,
+                rank=self.config.rank,
+                labels=self.config.labels,
+            )
+            return [SendMessage(event.peer, request)]
+        if (
+            event.peer == self._parent
+            and event.role is Role.AGGREGATOR
+            and event.node_id == self._parent_node
+        ):
+            if not self._session_event(PARENT_CONNECTED):
+                return []
+            self._parent_up = True
+            self._retry_at = None
+            out: list[Command] = []
+            if not self._joined:
+                self._joined = True
+                assert self._rank is not None
+                out.append(Joined(self.config.group_id, self._rank, self._world_size, self._epoch))
+            return out + self._pump(now)
+        return [ClosePeer(event.peer, ErrorCode.UNAUTHORIZED, "this session did not ask for this connection")]
+
+    def _on_disconnected(self, event: PeerDisconnected, now: float) -> list[Command]:
+        if event.peer == self._rendezvous:
+            self._rendezvous = None
+            return self._lose_rendezvous(f"rendezvous connection closed ({event.code.name})")
+        if event.peer != self._parent or not self._session_event(PARENT_LOST):
+            return []
+        self._parent_up = False
+        self._retry_at = now + self.config.retry_interval
+        return self._fail_all(
+            ErrorCode.PEER_LOST, f"connection to parent {self._parent_node} lost ({event.code.name})", None
+        )
+
+    def _lose_rendezvous(self, why: str) -> list[Command]:
+        if not self._session_event(RENDEZVOUS_LOST):
+            return []
+        out: list[Command] = []
+        if self._rendezvous is not None:
+            out.append(ClosePeer(self._rendezvous, ErrorCode.PEER_LOST, why))
+            self._rendezvous = None
+        out += self._fail_all(ErrorCode.PEER_LOST, why, None)
+        out += self._drop_parent(why)
+        self._next_heartbeat = None
+        return out
+
+    def _drop_parent(self, why: str) -> list[Command]:
+        peer, self._parent = self._parent, None
+        self._parent_node = None
+        self._parent_up = False
+        self._retry_at = None
+        return [ClosePeer(peer, ErrorCode.NO_ERROR, why)] if peer is not None else []
+
+    def _on_rendezvous(self, message: Message, now: float) -> list[Command]:
+        assert self._rendezvous is not None
+        name = ERROR_RENDEZVOUS if isinstance(message, Error) else type(message).__name__
+        if isinstance(message, TreeAssignment):
+            name = self._classify_tree(message)
+        if isinstance(message, JoinAccept | JoinReject | TreeAssignment | EpochChange) and (
+            message.group_id != self.config.group_id
+        ):
+            return [_refuse(self._rendezvous, message, ErrorCode.UNKNOWN_GROUP, "not this session's group")]
+        if isinstance(message, TreeAssignment | EpochChange) and message.epoch < self._epoch:
+            return [
+                _refuse(
+                    self._rendezvous,
+                    message,
+                    ErrorCode.STALE_EPOCH,
+                    f"epoch {message.epoch} is older than {self._epoch}",
+                )
+            ]
+        if not self._session_event(name):
+            return [
+                _refuse(
+                    self._rendezvous,
+                    message,
+                    ErrorCode.PROTOCOL_VIOLATION,
+                    f"{name} is not allowed in state {self._state.name}",
+                )
+            ]
+        if isinstance(message, JoinAccept):
+            return self._on_accept(message, now)
+        if isinstance(message, JoinReject):
+            return [ClosePeer(self._rendezvous, message.code, f"join rejected: {message.detail}")]
+        if isinstance(message, TreeAssignment):
+            return self._on_tree(message, name, now)
+        if isinstance(message, EpochChange):
+            return self._on_epoch_change(message)
+        return []  # Heartbeat or a report: liveness already noted
+
+    def _on_accept(self, message: JoinAccept, now: float) -> list[Command]:
+        self._rank = message.rank
+        self._world_size = message.world_size
+        self._epoch = message.epoch
+        self._members = frozenset(range(message.world_size))
+        self._params = message.params
+        self._keys = payload.derive_group_keys(message.group_secret, message.group_id)
+        self._next_heartbeat = now + self._heartbeat_interval
+        return []
+
+    def _classify_tree(self, message: TreeAssignment) -> str:
+        parent = message.parent
+        if parent is not None and self._parent_up and parent.node_id == self._parent_node:
+            return TREE_CONNECTED
+        return TREE_DIAL
+
+    def _on_tree(self, message: TreeAssignment, event: str, now: float) -> list[Command]:
+        out: list[Command] = []
+        if message.epoch > self._epoch and self._ops:
+            out += self._fail_all(ErrorCode.PEER_LOST, f"the tree changed to epoch {message.epoch}", None)
+        self._epoch = message.epoch
+        self._params = message.params
+        self._assignment = message
+        if event == TREE_CONNECTED:
+            return out + self._pump(now)
+        out += self._drop_parent("parent changed")
+        if message.parent is None:
+            return out  # an endpoint always has a parent: wait for a usable assignment
+        self._dials += 1
+        self._parent = f"parent/{self._epoch}/{self._dials}"
+        self._parent_node = message.parent.node_id
+        return [*out, ConnectTo(self._parent, message.parent.address, message.parent.node_id)]
+
+    def _on_epoch_change(self, message: EpochChange) -> list[Command]:
+        members = ranks_from_bitmap(message.members)
+        lost = self._members - members
+        self._members = members
+        self._epoch = message.epoch
+        why = (
+            f"epoch changed to {message.epoch} ({message.code.name}); ranks {_ranks_text(lost)} left"
+            if lost
+            else f"epoch changed to {message.epoch} ({message.code.name}); the tree was re-planned"
+        )
+        return self._fail_all(ErrorCode.PEER_LOST, why, lost or None)
+
+    # --- data from the parent ---------------------------------------------------
+
+    def _on_parent(self, message: Message, now: float) -> list[Command]:
+        assert self._parent is not None
+        if isinstance(message, Heartbeat):
+            return []
+        name = ERROR_PARENT if isinstance(message, Error) else type(message).__name__
+        if name not in _DATA or not self._session_event(name):
+            return [
+                _refuse(
+                    self._parent,
+                    message,
+                    ErrorCode.PROTOCOL_VIOLATION,
+                    f"{type(message).__name__} is not allowed from the parent in state {self._state.name}",
+                )
+            ]
+        if isinstance(message, Error):
+            return self._fail_all(
+                message.code, f"parent {self._parent_node} refused our data: {message.detail}", None
+            )
+        assert isinstance(message, Result | BroadcastData | Abort)
+        if message.group_id != self.config.group_id:
+            return []  # another session's traffic on a shared connection
+        op = self._ops.get(message.op_id)
+        if op is None:
+            if message.op_id >= self._next_op_id and self._early_count < self.config.early_limit:
+                self._early.setdefault(message.op_id, []).append(message)
+                self._early_count += 1
+            return []  # finished operations ignore late traffic
+        return self._on_op_message(op, message, now)
+
+    def _on_op_message(self, op: _Operation, message: ChunkMessage | Abort, now: float) -> list[Command]:
+        if op.epoch is not None and message.epoch != op.epoch:
+            return []  # another epoch's traffic: that epoch's operations are already over
+        if isinstance(message, Abort):
+            missing = ranks_from_bitmap(message.missing) if message.missing is not None else None
+            return self._finish_failed(
+                op, ABORTED, message.code, f"aborted by the tree: {message.detail}", missing, tell_tree=False
+            )
+        return self._on_chunk(op, message, now)
+
+    def _on_chunk(self, op: _Operation, message: ChunkMessage, now: float) -> list[Command]:
+        index = message.chunk_index
+        if op.epoch is None and message.epoch != self._epoch:
+            return []
+        if op.chunks == 0:  # a broadcast receiver without an array learns the size here
+            self._size(op, message.total_elements)
+        if index < op.chunks and index in op.verified:
+            self._op_event(op, DUPLICATE)
+            return []
+        try:
+            values = self._verify(op, message)
+        except CcoError as error:
+            return self._finish_failed(
+                op, BAD_CHUNK, error.code, f"chunk {index}: {error.detail}", None, tell_tree=True
+            )
+        op.epoch = message.epoch
+        if op.buffer is None:  # allocated only once a chunk proved the size genuine
+            op.buffer = np.zeros(op.total, dtype=np.int64)
+        start = index * op.chunk_elements
+        op.buffer[start : start + values.size] = values
+        op.verified.add(index)
+        if index in op.outstanding:
+            op.outstanding.discard(index)
+            self._outstanding -= 1
+        if len(op.verified) < op.chunks:
+            self._op_event(op, CHUNK)
+            return self._pump(now)
+        return self._complete(op) + self._pump(now)
+
+    def _verify(self, op: _Operation, message: ChunkMessage) -> np.ndarray:
+        """The chunk's integers if it is the chunk this operation expects and it verifies."""
+        expected_type = BroadcastData if op.kind is Collective.BROADCAST else Result
+        header = payload.ChunkHeader.of(message)
+        wanted = self._header(op, message.chunk_index, message.epoch)
+        if not isinstance(message, expected_type) or header != wanted:
+            raise CcoError(
+                ErrorCode.OPERATION_MISMATCH,
+                f"{type(message).__name__} {header} does not match the operation {wanted}",
+            )
+        assert self._keys is not None and self._rank is not None
+        if op.kind is Collective.BROADCAST:
+            assert op.root is not None
+            expected = frozenset({op.root})
+            own = None if op.values is None else (op.root, self._chunk_values(op, message.chunk_index))
+        else:
+            expected = op.members
+            own = (self._rank, self._chunk_values(op, message.chunk_index))
+        return payload.open_verified(self._keys, message, expected, own)
+
+    def _complete(self, op: _Operation) -> list[Command]:
+        assert op.buffer is not None and self._rank is not None
+        result: np.ndarray | None = None
+        if op.kind is not Collective.BARRIER and (op.kind is not Collective.REDUCE or op.root == self._rank):
+            contributors = 1 if op.kind is Collective.BROADCAST else len(op.members)
+            try:
+                decoded = payload.decode_values(op.buffer, op.dtype, op.kind, op.op, op.scale, contributors)
+            except CcoError as error:
+                return self._finish_failed(
+                    op, BAD_CHUNK, error.code, f"decoding: {error.detail}", None, tell_tree=False
+                )
+            result = self._shape_result(op, decoded)
+        self._op_event(op, LAST_CHUNK)
+        del self._ops[op.op_id]
+        return [OperationCompleted(op.op_id, result)]
+
+    def _shape_result(self, op: _Operation, decoded: np.ndarray) -> np.ndarray:
+        if op.kind is Collective.ALL_GATHER:
+            assert op.shape is not None
+            return decoded.reshape((self._world_size, *op.shape))
+        if op.kind is Collective.REDUCE_SCATTER:
+            assert self._rank is not None
+            part = decoded.size // self._world_size
+            return decoded[self._rank * part : (self._rank + 1) * part].copy()
+        if op.shape is not None and int(np.prod(op.shape)) == decoded.size:
+            return decoded.reshape(op.shape)
+        return decoded
+
+    # --- sending ----------------------------------------------------------------
+
+    def _pump(self, now: float) -> list[Command]:
+        """Send chunks, oldest operation first, while the window has room."""
+        if self._state is not SessionState.READY or self._params is None or self._parent is None:
+            return []
+        out: list[Command] = []
+        for op in list(self._ops.values()):
+            while (
+                op.values is not None
+                and op.next_chunk < op.chunks
+                and self._outstanding < self._params.window
+            ):
+                out.append(SendMessage(self._parent, self._seal(op, op.next_chunk)))
+                op.outstanding.add(op.next_chunk)
+                self._outstanding += 1
+                op.next_chunk += 1
+                self._op_event(op, SENT if op.next_chunk < op.chunks else ALL_SENT)
+            if op.values is not None and op.next_chunk < op.chunks:
+                break  # later operations wait behind this one: chunks leave in call order
+        return out
+
+    def _seal(self, op: _Operation, index: int) -> ChunkMessage:
+        assert self._keys is not None and self._rank is not None and op.values is not None
+        if op.epoch is None:
+            op.epoch = self._epoch
+            op.members = self._members
+        cls: type[ChunkMessage] = BroadcastData if op.kind is Collective.BROADCAST else Contribution
+        return payload.seal(
+            self._keys, self._header(op, index, op.epoch), self._rank, self._chunk_values(op, index), cls
+        )
+
+    def _header(self, op: _Operation, index: int, epoch: int) -> payload.ChunkHeader:
+        return payload.ChunkHeader(
+            group_id=self.config.group_id,
+            epoch=epoch,
+            op_id=op.op_id,
+            kind=op.kind,
+            op=op.op,
+            dtype=op.dtype,
+            scale=op.scale,
+            total_elements=op.total,
+            chunk_elements=op.chunk_elements,
+            chunk_index=index,
+            root=op.root,
+        )
+
+    def _chunk_values(self, op: _Operation, index: int) -> np.ndarray:
+        assert op.values is not None
+        start = index * op.chunk_elements
+        return op.values[start : start + chunk_length(op.total, op.chunk_elements, index)]
+
+    def _size(self, op: _Operation, total: int) -> None:
+        assert self._params is not None
+        op.total = total
+        op.chunk_elements = self._params.chunk_elements
+        op.chunks = chunk_count(total, op.chunk_elements)
+        if not op.members:
+            op.members = self._members
+
+    def _encode(self, kind: Collective, array: np.ndarray | None, dtype: DType, scale: int) -> np.ndarray:
+        """This rank's wire integers for the whole operation."""
+        assert self._rank is not None
+        if kind is Collective.BARRIER:
+            return np.zeros(0, dtype=np.int64)
+        assert array is not None
+        flat = np.ascontiguousarray(array).reshape(-1)
+        values = payload.encode_values(flat, dtype, kind, scale, self._world_size)
+        if kind is not Collective.ALL_GATHER:
+            return values
+        placed = np.zeros(values.size * self._world_size, dtype=np.int64)
+        placed[self._rank * values.size : (self._rank + 1) * values.size] = values
+        return placed
+
+    # --- failures ---------------------------------------------------------------
+
+    def _refuse_start(self, op_id: int, kind: Collective, error: CcoError) -> list[Command]:
+        """An operation whose input cannot be encoded: fail it, and tell the tree so
+        the other ranks fail at once instead of waiting for this rank."""
+        assert self._rank is not None
+        out: list[Command] = []
+        if self._state is SessionState.READY and self._parent is not None:
+            abort = Abort(
+                group_id=self.config.group_id,
+                epoch=self._epoch,
+                op_id=op_id,
+                code=error.code,
+                detail=f"rank {self._rank}: {error.detail}"[:1024],
+                missing=bitmap_from_ranks([self._rank]),
+            )
+            out.append(SendMessage(self._parent, abort))
+        failure = OperationError(
+            error.code,
+            error.detail,
+            group_id=self.config.group_id,
+            op_id=op_id,
+            kind=kind,
+            missing_ranks=frozenset({self._rank}),
+        )
+        return [*out, OperationFailed(op_id, failure)]
+
+    def _finish_failed(
+        self,
+        op: _Operation,
+        event: str,
+        code: ErrorCode,
+        detail: str,
+        missing: frozenset[int] | None,
+        *,
+        tell_tree: bool,
+    ) -> list[Command]:
+        """Fail one operation; release its window share; optionally tell the tree."""
+        self._op_event(op, event)
+        self._ops.pop(op.op_id, None)
+        self._outstanding -= len(op.outstanding)
+        op.outstanding.clear()
+        out: list[Command] = []
+        if tell_tree and self._parent_up and self._parent is not None and op.epoch is not None:
+            abort = Abort(
+                group_id=self.config.group_id,
+                epoch=op.epoch,
+                op_id=op.op_id,
+                code=code,
+                detail=f"rank {self._rank}: {detail}"[:1024],
+                missing=bitmap_from_ranks(missing) if missing else None,
+            )
+            out.append(SendMessage(self._parent, abort))
+        out.append(OperationFailed(op.op_id, self._error(op, code, detail, missing)))
+        return out
+
+    def _fail_all(self, code: ErrorCode, detail: str, missing: frozenset[int] | None) -> list[Command]:
+        """Fail every operation in flight (the tree they used is gone) and forget early data."""
+        out: list[Command] = []
+        for op in list(self._ops.values()):
+            out += self._finish_failed(op, LOST, code, detail, missing, tell_tree=False)
+        for queued in self._early.values():
+            self._early_count -= len(queued)
+        self._early.clear()
+        return out
+
+    def _error(
+        self, op: _Operation, code: ErrorCode, detail: str, missing: frozenset[int] | None
+    ) -> OperationError:
+        missing_chunks = tuple(i for i in range(op.chunks) if i not in op.verified)
+        return OperationError(
+            code,
+            detail,
+            group_id=self.config.group_id,
+            op_id=op.op_id,
+            kind=op.kind,
+            missing_ranks=missing,
+            missing_chunks=missing_chunks,
+        )
+
+    def _op_event(self, op: _Operation, event: str) -> None:
+        op.state = OPERATION_TABLE.next(op.state, event)
+
+    # --- timers -----------------------------------------------------------------
+
+    @property
+    def _heartbeat_interval(self) -> float:
+        assert self._params is not None
+        return self._params.heartbeat_interval_ms / 1000
+
+    def _default_timeout(self) -> float:
+        assert self._params is not None
+        return self._params.operation_timeout_ms / 1000 + self._heartbeat_interval
+
+    def _on_timer(self, now: float) -> list[Command]:
+        out: list[Command] = []
+        if self._rendezvous is not None and self._next_heartbeat is not None and self._params is not None:
+            if now >= self._last_heard + 3 * self._heartbeat_interval:
+                out += self._lose_rendezvous("no message from the rendezvous for three heartbeat intervals")
+            elif now >= self._next_heartbeat:
+                self._heartbeat_seq += 1
+                out.append(SendMessage(self._rendezvous, Heartbeat(seq=self._heartbeat_seq)))
+                self._next_heartbeat = now + self._heartbeat_interval
+        if self._retry_at is not None and now >= self._retry_at:
+            self._retry_at = None
+            if self._assignment is not None and self._parent_node is not None and not self._parent_up:
+                out += self._redial()
+        for op in [op for op in self._ops.values() if op.deadline <= now]:
+            missing = sorted(set(range(op.chunks)) - op.verified)
+            detail = f"no verified result for chunks {missing} after {op.timeout:g}s"
+            out += self._finish_failed(op, DEADLINE, ErrorCode.TIMEOUT, detail, None, tell_tree=True)
+        return out
+
+    def _redial(self) -> list[Command]:
+        assert self._assignment is not None and self._assignment.parent is not None
+        parent = self._assignment.parent
+        self._dials += 1
+        self._parent = f"parent/{self._epoch}/{self._dials}"
+        return [ConnectTo(self._parent, parent.address, parent.node_id)]
+
+    # --- argument checks --------------------------------------------------------
+
+    def _check_request(self, request: CollectiveRequest) -> tuple[DType, ReduceOp, int | None]:
+        kind = request.kind
+        world = self._world_size
+        needs_root = kind in (Collective.REDUCE, Collective.BROADCAST)
+        if needs_root != (request.root is not None):
+            raise CcoError(
+                ErrorCode.INVALID_FIELD, f"{kind.name} {'needs' if needs_root else 'takes no'} root"
+            )
+        if request.root is not None and not 0 <= request.root < world:
+            raise CcoError(ErrorCode.INVALID_FIELD, f"root {request.root} is not a rank of {world}")
+        if kind in SUM_KINDS and request.op is not ReduceOp.SUM:
+            raise CcoError(ErrorCode.INVALID_FIELD, f"{kind.name} takes no reduction op")
+        if request.timeout is not None and request.timeout <= 0:
+            raise CcoError(ErrorCode.INVALID_FIELD, f"timeout {request.timeout} is not positive")
+        if kind is Collective.BARRIER:
+            return DType.INT8, ReduceOp.SUM, None
+        array = request.array
+        receiver = kind is Collective.BROADCAST and request.root != self._rank
+        if array is None:
+            if not receiver or request.dtype is None:
+                raise CcoError(ErrorCode.INVALID_FIELD, f"{kind.name} needs an array (or a dtype to receive)")
+            return request.dtype, request.op, request.root
+        array = np.asarray(array)
+        dtype = request.dtype if request.dtype is not None else _NUMPY_DTYPES.get(array.dtype)
+        if dtype is None:
+            raise CcoError(ErrorCode.UNSUPPORTED_FEATURE, f"numpy dtype {array.dtype} is not a CCO dtype")
+        size = array.size * (world if kind is Collective.ALL_GATHER else 1)
+        if size > MAX_TOTAL_ELEMENTS:
+            raise CcoError(ErrorCode.MESSAGE_TOO_LARGE, f"{size} elements exceed {MAX_TOTAL_ELEMENTS}")
+        if kind is Collective.REDUCE_SCATTER and array.size % world:
+            raise CcoError(ErrorCode.INVALID_FIELD, f"{array.size} elements do not split into {world} parts")
+        return dtype, request.op, request.root
+
+
+def _refuse(peer: PeerId, message: Message, code: ErrorCode, detail: str) -> SendMessage:
+    return SendMessage(peer, Error(code=code, detail=detail[:1024], message_type=int(message.TYPE)))
+
+
+__all__ = [
+    "OPERATION_TABLE",
+    "SESSION_TABLE",
+    "TABLES",
+    "CollectiveRequest",
+    "EndpointConfig",
+    "EndpointMachine",
+    "OperationError",
+    "OperationState",
+    "SessionState",
+]
