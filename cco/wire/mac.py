@@ -32,7 +32,7 @@ from cco.wire.field import BLOCK, InnerProduct, P
 KEY_SIZE = 32
 INFO_K1 = b"cco/1 mac k1"
 INFO_K2 = b"cco/1 mac k2"
-_COUNTER0 = bytes(16)
+_CTR_FROM_ZERO = modes.CTR(bytes(16))
 _ZEROS = bytes(8 * BLOCK)
 _WORD_MASK = (1 << 61) - 1
 
@@ -75,7 +75,7 @@ def coefficient_key(keys: GroupKeys, chunk_id: bytes) -> bytes:
 
 def keystream(key_m: bytes, elements: int) -> bytes:
     """The first 8 * elements bytes of AES-256-CTR under key_m from counter block zero."""
-    encryptor = Cipher(algorithms.AES(key_m), modes.CTR(_COUNTER0)).encryptor()
+    encryptor = Cipher(algorithms.AES(key_m), _CTR_FROM_ZERO).encryptor()
     return encryptor.update(bytes(8 * elements)) + encryptor.finalize()
 
 
@@ -112,7 +112,7 @@ def inner_product(keys: GroupKeys, chunk_id: bytes, values: np.ndarray) -> int:
     The keystream is produced and consumed one block at a time, so memory does not
     grow with the chunk.
     """
-    encryptor = Cipher(algorithms.AES(coefficient_key(keys, chunk_id)), modes.CTR(_COUNTER0)).encryptor()
+    encryptor = Cipher(algorithms.AES(coefficient_key(keys, chunk_id)), _CTR_FROM_ZERO).encryptor()
     product = InnerProduct(values.dtype.itemsize)
     buffer = _stream.buffer
     for start in range(0, len(values), BLOCK):
