@@ -33,13 +33,21 @@ def _check(args: argparse.Namespace) -> int:
         path = directory / file_name
         if not path.is_file():
             continue  # reported by compare() below
-        vectors = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            vectors = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            problems.append(f"{file_name}: not JSON: {exc}")
+            continue
+        if not isinstance(vectors, list) or not all(isinstance(v, dict) for v in vectors):
+            problems.append(f"{file_name}: not an array of objects")
+            continue
         found = check(vectors)
         failed = sum(1 for v in vectors if any(p.startswith(f"{v.get('name')}:") for p in found))
         print(f"{file_name}: {len(vectors)} vectors, {len(vectors) - failed} hold, {failed} fail")
         problems += [f"{file_name}: {p}" for p in found]
     reproduced = compare(directory)
-    print(f"regeneration: {'identical' if not reproduced else f'{len(reproduced)} file(s) differ'}")
+    summary = "identical" if not reproduced else f"{len(reproduced)} file(s) missing or different"
+    print(f"regeneration: {summary}")
     problems += reproduced
     for problem in problems:
         print(f"FAIL {problem}", file=sys.stderr)
