@@ -1,0 +1,286 @@
+"""The endpoint client library: join a group, then run verified collectives.
+
+Two faces over one endpoint session (:class:`~cco.nodes.endpoint.EndpointMachine`):
+
+* :class:`Communicator`, for asyncio code: ``await comm.all_reduce(x)``, or
+  ``handle = comm.start_all_reduce(x)`` and ``await handle`` later;
+* :class:`BlockingCommunicator`, for plain code: the same calls, run on a private
+  event loop thread; ``start_*`` return a :class:`concurrent.futures.Future`.
+
+Every result has passed verification (range, contributor bitmap and homomorphic
+tag, or the hop-by-hop checks for MIN/MAX/bitwise ops) before it is returned.  Every
+failure is an :class:`~cco.wire.errors.CcoError`; failures of a collective are
+:class:`~cco.nodes.endpoint.OperationError`, which names the group, the operation and
+the missing ranks when they are known.  Collectives must be called in the same order
+on every rank, as with torch.distributed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from cco.config import parse_hostport
+from cco.nodes.endpoint import CollectiveRequest, EndpointConfig, EndpointMachine
+from cco.nodes.events import Command, Joined, OperationCompleted, OperationFailed
+from cco.services.node import NodeService
+from cco.transport import TransportConfig
+from cco.wire.errors import CcoError, ErrorCode
+from cco.wire.registries import Collective, ReduceOp, Role
+
+T = TypeVar("T")
+
+DEFAULT_JOIN_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupSpec:
+    """Which group to join and how to reach its rendezvous."""
+
+    group_id: bytes
+    world_size: int
+    credential: bytes = b""
+    rank: int | None = None
+    labels: tuple[str, ...] = ()
+    rendezvous: str = "127.0.0.1:4433"
+    rendezvous_id: str = "rendezvous"
+
+
+class Communicator:
+    """One membership of one group, for asyncio code.  Create with :meth:`join`."""
+
+    def __init__(self, service: NodeService, machine: EndpointMachine, spec: GroupSpec) -> None:
+        self._service = service
+        self._machine = machine
+        self.spec = spec
+        self._joined: asyncio.Future[Joined] = asyncio.get_running_loop().create_future()
+        self._pending: dict[int, asyncio.Future[np.ndarray | None]] = {}
+
+    @classmethod
+    async def join(
+        cls, spec: GroupSpec, node_id: str, transport: TransportConfig, timeout: float = DEFAULT_JOIN_TIMEOUT
+    ) -> Communicator:
+        """Connect to the rendezvous, join the group and wait until the tree is ready."""
+        machine = EndpointMachine(
+            EndpointConfig(
+                group_id=spec.group_id,
+                world_size=spec.world_size,
+                credential=spec.credential,
+                rank=spec.rank,
+                labels=spec.labels,
+            )
+        )
+        service = NodeService(machine, node_id, Role.ENDPOINT, transport)
+        comm = cls(service, machine, spec)
+        service.runner.on_command = comm._on_command
+        host, port = parse_hostport(spec.rendezvous)
+        try:
+            await service.join_rendezvous(host, port, spec.rendezvous_id)
+            await asyncio.wait_for(asyncio.shield(comm._joined), timeout)
+        except TimeoutError:
+            await service.close()
+            raise CcoError(
+                ErrorCode.TIMEOUT,
+                f"group {spec.group_id.hex()}: not ready within {timeout} s "
+                f"(are all {spec.world_size} members and an aggregator up?)",
+            ) from None
+        except BaseException:
+            await service.close()
+            raise
+        return comm
+
+    # --- identity ------------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        rank = self._machine.rank
+        assert rank is not None, "rank is known once join() returned"
+        return rank
+
+    @property
+    def world_size(self) -> int:
+        return self.spec.world_size
+
+    @property
+    def epoch(self) -> int:
+        return self._machine.epoch
+
+    # --- collectives ---------------------------------------------------------------
+
+    def start(self, request: CollectiveRequest) -> asyncio.Future[np.ndarray | None]:
+        """Begin one collective; the future resolves to its verified result."""
+        future: asyncio.Future[np.ndarray | None] = asyncio.get_running_loop().create_future()
+        if self._joined.done() and self._joined.exception() is not None:
+            future.set_exception(self._joined.exception())  # type: ignore[arg-type]
+            return future
+        now = self._service.runner.clock()
+        op_id, commands = self._machine.start(request, now)  # raises CcoError on misuse
+        self._pending[op_id] = future
+        self._service.runner.execute_all(commands)
+        return future
+
+    def start_all_reduce(
+        self, array: np.ndarray, op: ReduceOp = ReduceOp.SUM, **kw: Any
+    ) -> asyncio.Future[Any]:
+        return self.start(CollectiveRequest(kind=Collective.ALL_REDUCE, op=op, array=array, **kw))
+
+    async def all_reduce(self, array: np.ndarray, op: ReduceOp = ReduceOp.SUM, **kw: Any) -> np.ndarray:
+        """Every rank gets the elementwise reduction of every rank's ``array``."""
+        return _present(await self.start_all_reduce(array, op, **kw))
+
+    async def reduce(
+        self, array: np.ndarray, root: int, op: ReduceOp = ReduceOp.SUM, **kw: Any
+    ) -> np.ndarray | None:
+        """Like all_reduce, but only ``root`` gets the result (others get None)."""
+        return await self.start(
+            CollectiveRequest(kind=Collective.REDUCE, op=op, array=array, root=root, **kw)
+        )
+
+    async def broadcast(self, array: np.ndarray, root: int, **kw: Any) -> np.ndarray:
+        """Every rank gets ``root``'s array; other ranks pass an array of the same shape and dtype."""
+        return _present(
+            await self.start(CollectiveRequest(kind=Collective.BROADCAST, array=array, root=root, **kw))
+        )
+
+    async def barrier(self, **kw: Any) -> None:
+        """Returns once every rank has entered the barrier."""
+        await self.start(CollectiveRequest(kind=Collective.BARRIER, **kw))
+
+    async def all_gather(self, array: np.ndarray, **kw: Any) -> np.ndarray:
+        """Every rank gets the concatenation of every rank's ``array``, in rank order."""
+        return _present(await self.start(CollectiveRequest(kind=Collective.ALL_GATHER, array=array, **kw)))
+
+    async def reduce_scatter(self, array: np.ndarray, op: ReduceOp = ReduceOp.SUM, **kw: Any) -> np.ndarray:
+        """Each rank gets its equal slice (by rank) of the reduction of every rank's ``array``."""
+        request = CollectiveRequest(kind=Collective.REDUCE_SCATTER, op=op, array=array, **kw)
+        return _present(await self.start(request))
+
+    # --- lifetime ------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Leave the group and close every connection."""
+        self._service.runner.execute_all(self._machine.leave(self._service.runner.clock()))
+        await asyncio.sleep(0)  # let the Leave reach the transport queue
+        await self._service.close()
+        self._fail_all(CcoError(ErrorCode.ABORTED, "communicator closed"))
+
+    async def __aenter__(self) -> Communicator:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _on_command(self, command: Command) -> None:
+        if isinstance(command, Joined):
+            if not self._joined.done():
+                self._joined.set_result(command)
+        elif isinstance(command, OperationCompleted):
+            future = self._pending.pop(command.op_id, None)
+            if future is not None and not future.done():
+                future.set_result(command.result)
+        elif isinstance(command, OperationFailed):
+            future = self._pending.pop(command.op_id, None)
+            if future is not None and not future.done():
+                future.set_exception(command.error)
+
+    def _fail_all(self, error: CcoError) -> None:
+        if not self._joined.done():
+            self._joined.set_exception(error)
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(error)
+        self._pending.clear()
+
+
+def _present(result: np.ndarray | None) -> np.ndarray:
+    if result is None:
+        raise CcoError(ErrorCode.INTERNAL_ERROR, "collective completed without a result")
+    return result
+
+
+class BlockingCommunicator:
+    """The :class:`Communicator` API for code without an event loop.
+
+    The session runs on a private event-loop thread; each call blocks until the
+    collective's verified result is there (or its typed error is raised), and
+    ``start_*`` variants return a :class:`concurrent.futures.Future` instead.
+    """
+
+    def __init__(
+        self, spec: GroupSpec, node_id: str, transport: TransportConfig, timeout: float = DEFAULT_JOIN_TIMEOUT
+    ) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"cco-{node_id}", daemon=True)
+        self._thread.start()
+        try:
+            self._comm: Communicator = self._call(Communicator.join(spec, node_id, transport, timeout))
+        except BaseException:
+            self._stop()
+            raise
+
+    @classmethod
+    def from_pki(cls, spec: GroupSpec, node_id: str, pki_dir: Path, **transport: Any) -> BlockingCommunicator:
+        """Join with the credentials ``cco-node certs`` wrote for ``node_id`` in ``pki_dir``."""
+        return cls(spec, node_id, TransportConfig.for_node(pki_dir, node_id, **transport))
+
+    @property
+    def rank(self) -> int:
+        return self._comm.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._comm.world_size
+
+    def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def _submit(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+
+    def start_all_reduce(
+        self, array: np.ndarray, op: ReduceOp = ReduceOp.SUM, **kw: Any
+    ) -> concurrent.futures.Future[np.ndarray]:
+        return self._submit(self._comm.all_reduce(array, op, **kw))
+
+    def all_reduce(self, array: np.ndarray, op: ReduceOp = ReduceOp.SUM, **kw: Any) -> np.ndarray:
+        return self._call(self._comm.all_reduce(array, op, **kw))
+
+    def reduce(
+        self, array: np.ndarray, root: int, op: ReduceOp = ReduceOp.SUM, **kw: Any
+    ) -> np.ndarray | None:
+        return self._call(self._comm.reduce(array, root, op, **kw))
+
+    def broadcast(self, array: np.ndarray, root: int, **kw: Any) -> np.ndarray:
+        return self._call(self._comm.broadcast(array, root, **kw))
+
+    def barrier(self, **kw: Any) -> None:
+        self._call(self._comm.barrier(**kw))
+
+    def all_gather(self, array: np.ndarray, **kw: Any) -> np.ndarray:
+        return self._call(self._comm.all_gather(array, **kw))
+
+    def reduce_scatter(self, array: np.ndarray, op: ReduceOp = ReduceOp.SUM, **kw: Any) -> np.ndarray:
+        return self._call(self._comm.reduce_scatter(array, op, **kw))
+
+    def close(self) -> None:
+        try:
+            self._call(self._comm.close())
+        finally:
+            self._stop()
+
+    def _stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+    def __enter__(self) -> BlockingCommunicator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,88 @@
+"""One running node: a role machine, its QUIC transport, and the runner between them.
+
+The same class serves all three roles; what differs is the machine and whether the
+node listens (rendezvous, aggregator) and dials the rendezvous (aggregator,
+endpoint).  Connections the machine asks for (``ConnectTo``: an aggregator's parent,
+an endpoint's leaf aggregator) are dialled here with the node's own credentials.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from cco.nodes.events import Command, ConnectTo
+from cco.services.runner import Machine, MachineRunner
+from cco.transport import LocalIdentity, PeerLink, Server, TransportConfig, connect, serve
+from cco.wire.messages import MAX_CHUNK_ELEMENTS, Capabilities
+from cco.wire.registries import Collective, DType, ReduceOp, Role
+
+RENDEZVOUS_PEER = "rendezvous"
+"""The PeerId under which a node's connection to the rendezvous is reported."""
+
+
+def full_capabilities(max_message_size: int) -> Capabilities:
+    """This implementation supports every registered dtype, op and collective."""
+    return Capabilities(
+        dtypes=tuple(DType),
+        ops=tuple(ReduceOp),
+        collectives=tuple(Collective),
+        max_message_size=max_message_size,
+        max_chunk_elements=MAX_CHUNK_ELEMENTS,
+        extensions=(),
+    )
+
+
+class NodeService:
+    """Runs ``machine`` as node ``node_id`` in role ``role``."""
+
+    def __init__(
+        self,
+        machine: Machine,
+        node_id: str,
+        role: Role,
+        transport: TransportConfig,
+        on_command: Callable[[Command], None] = lambda command: None,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        self.identity = LocalIdentity(
+            node_id=node_id, role=role, capabilities=full_capabilities(transport.max_message_size)
+        )
+        self.transport = transport
+        self.connect_timeout = connect_timeout
+        self.runner = MachineRunner(machine, self._dial, on_command)
+        self.server: Server | None = None
+
+    @property
+    def machine(self) -> Machine:
+        return self.runner.machine
+
+    async def listen(self, host: str, port: int) -> tuple[str, int]:
+        """Accept connections; every authenticated link is handed to the machine."""
+        self.server = await serve(host, port, self.transport, self.identity, self._accepted)
+        return self.server.address
+
+    def _accepted(self, link: PeerLink) -> None:
+        self.runner.attach(link)
+
+    async def join_rendezvous(self, host: str, port: int, rendezvous_id: str) -> None:
+        """Dial the rendezvous; the machine sees it as peer ``RENDEZVOUS_PEER``."""
+        link = await connect(host, port, self.transport, self.identity, rendezvous_id, self.connect_timeout)
+        self.runner.attach(link, RENDEZVOUS_PEER)
+
+    def _dial(self, command: ConnectTo) -> asyncio.Task[PeerLink]:
+        return asyncio.ensure_future(
+            connect(
+                command.address.host,
+                command.address.port,
+                self.transport,
+                self.identity,
+                command.expected_node_id,
+                self.connect_timeout,
+            )
+        )
+
+    async def close(self) -> None:
+        await self.runner.close()
+        if self.server is not None:
+            await self.server.close()

@@ -1,0 +1,181 @@
+"""The thin asyncio layer: drives one sans-I/O role machine over QUIC links.
+
+A :class:`MachineRunner` owns the clock and the sockets; the machine owns every
+decision.  All inputs reach the machine through :meth:`MachineRunner.dispatch`, on
+the event loop's thread, one at a time; every command the machine returns is carried
+out here: messages are queued on links, connections opened, links closed, and the
+application-level commands (``Joined``, ``OperationCompleted``, ``OperationFailed``)
+handed to ``on_command``.  The machine's single timer is re-armed after every input
+from ``next_deadline()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
+
+from cco.nodes.events import (
+    ClosePeer,
+    Command,
+    ConnectTo,
+    Input,
+    MessageMalformed,
+    MessageReceived,
+    PeerConnected,
+    PeerDisconnected,
+    PeerId,
+    SendMessage,
+    TimerFired,
+)
+from cco.transport.link import LinkClosed, PeerLink
+from cco.wire.errors import CcoError, ErrorCode
+
+log = logging.getLogger(__name__)
+
+
+class Machine(Protocol):
+    """What every role machine offers (see cco.nodes.events)."""
+
+    def handle(self, event: Input, now: float) -> list[Command]: ...
+
+    def next_deadline(self) -> float | None: ...
+
+
+class MachineRunner:
+    """Feeds a machine its inputs and executes its commands."""
+
+    def __init__(
+        self,
+        machine: Machine,
+        connector: Callable[[ConnectTo], asyncio.Task[PeerLink]],
+        on_command: Callable[[Command], None] = lambda command: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.machine = machine
+        self._connector = connector
+        self.on_command = on_command
+        self.clock = clock
+        self._links: dict[PeerId, PeerLink] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._next_inbound = 0
+        self.closed = asyncio.Event()
+
+    # --- inputs --------------------------------------------------------------------
+
+    def dispatch(self, event: Input) -> None:
+        """Hand one input to the machine and carry out what it asks for."""
+        try:
+            commands = self.machine.handle(event, self.clock())
+        except CcoError as exc:  # the machines refuse local misuse this way
+            log.error("machine refused %s: %s", type(event).__name__, exc)
+            return
+        self.execute_all(commands)
+
+    def execute_all(self, commands: list[Command]) -> None:
+        """Carry out commands the machine returned (from handle() or a local API call)."""
+        for command in commands:
+            self._execute(command)
+        self._arm_timer()
+
+    def attach(self, link: PeerLink, peer: PeerId | None = None) -> PeerId:
+        """Adopt an authenticated link: report it, then pump its messages."""
+        if peer is None:
+            self._next_inbound += 1
+            peer = f"in-{self._next_inbound}-{link.node_id}"
+        self._links[peer] = link
+        self.dispatch(PeerConnected(peer=peer, node_id=link.node_id, role=link.role))
+        self._spawn(self._pump(peer, link))
+        return peer
+
+    async def _pump(self, peer: PeerId, link: PeerLink) -> None:
+        code, detail = ErrorCode.NO_ERROR, ""
+        try:
+            while True:
+                try:
+                    message = await link.receive()
+                except CcoError as exc:
+                    if isinstance(exc, LinkClosed):
+                        code, detail = exc.code, exc.detail
+                        break
+                    self.dispatch(MessageMalformed(peer=peer, error=exc))
+                    continue
+                self.dispatch(MessageReceived(peer=peer, message=message))
+        finally:
+            if self._links.get(peer) is link:
+                del self._links[peer]
+                self.dispatch(PeerDisconnected(peer=peer, code=code, detail=detail))
+
+    # --- commands ------------------------------------------------------------------
+
+    def _execute(self, command: Command) -> None:
+        if isinstance(command, SendMessage):
+            link = self._links.get(command.peer)
+            if link is None:
+                log.debug("dropping %s for departed peer %s", type(command.message).__name__, command.peer)
+                return
+            link.send(command.message)
+        elif isinstance(command, ConnectTo):
+            self._spawn(self._connect(command))
+        elif isinstance(command, ClosePeer):
+            link = self._links.get(command.peer)
+            if link is not None:
+                link.close(command.code, command.detail)
+        else:
+            self.on_command(command)
+
+    async def _connect(self, command: ConnectTo) -> None:
+        try:
+            link = await self._connector(command)
+        except CcoError as exc:
+            self.dispatch(PeerDisconnected(peer=command.peer, code=exc.code, detail=exc.detail))
+            return
+        except (TimeoutError, OSError) as exc:
+            self.dispatch(PeerDisconnected(peer=command.peer, code=ErrorCode.PEER_LOST, detail=str(exc)))
+            return
+        self.attach(link, command.peer)
+
+    # --- time ----------------------------------------------------------------------
+
+    def _arm_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        deadline = self.machine.next_deadline()
+        if deadline is None:
+            return
+        delay = max(0.0, deadline - self.clock())
+        self._timer = asyncio.get_running_loop().call_later(delay, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        self.dispatch(TimerFired())
+
+    # --- lifetime ------------------------------------------------------------------
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("runner task failed", exc_info=task.exception())
+
+    async def close(self, code: ErrorCode = ErrorCode.SHUTTING_DOWN, detail: str = "shutting down") -> None:
+        """Close every link and stop every task; the machine sees the disconnects."""
+        if self._timer is not None:
+            self._timer.cancel()
+        for link in list(self._links.values()):
+            link.close(code, detail)
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self.closed.set()
