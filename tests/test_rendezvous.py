@@ -12,6 +12,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree
 
 import pytest
 from hypothesis import given, settings
@@ -30,6 +33,7 @@ from cco.nodes.events import (
     SendMessage,
     TimerFired,
 )
+from cco.nodes.fsm import TransitionTable
 from cco.nodes.rendezvous import (
     DEFAULT_PARAMS,
     GROUP_TABLE,
@@ -560,6 +564,24 @@ def test_malformed_input_is_answered_and_the_connection_closed() -> None:
     tree = h.group().tree
     assert tree is not None and ranks_from_bitmap(tree.root.expected) == {0, 1, 3}
     h.check_state()
+
+
+SPEC_SECTION = Path(__file__).resolve().parent.parent / "spec" / "sections" / "membership.xml"
+
+
+@pytest.mark.parametrize(
+    ("anchor", "table"),
+    [("fig-rv-peer", PEER_TABLE), ("fig-rv-group", GROUP_TABLE), ("fig-rv-member", MEMBER_TABLE)],
+)
+def test_draft_figures_equal_the_generated_diagrams(anchor: str, table: TransitionTable[Any]) -> None:
+    """The draft's state diagrams are the tables' output, so they cannot drift."""
+    section = ElementTree.parse(SPEC_SECTION).getroot()
+    assert section.get("anchor") == "membership"
+    (figure,) = [f for f in section.iter("figure") if f.get("anchor") == anchor]
+    artwork = figure.find("artwork")
+    assert artwork is not None and artwork.text is not None
+    expected = table.to_ascii()
+    assert artwork.text.strip("\n") == expected, f"replace the artwork of {anchor} with:\n{expected}"
 
 
 def test_diagrams_are_generated_from_the_tables() -> None:

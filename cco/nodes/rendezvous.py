@@ -519,6 +519,7 @@ class RendezvousMachine:
         )
         out.append(SendMessage(peer.peer, accept))
         self._membership_changed(group, "join", ErrorCode.NO_ERROR, out)
+        self._retry_waiting(out)
 
     def _check_join(self, group: _Group, peer: _Peer, request: JoinRequest) -> None:
         if not hmac.compare_digest(group.credential, request.credential):

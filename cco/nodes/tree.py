@@ -16,19 +16,20 @@ Rules, in the order the planner applies them:
 * Tier ``LOCAL``: endpoints are ordered by *location* (their sorted labels) and
   rank; each location is cut into leaves of its own, and every leaf goes to the
   aggregator sharing the most labels with that location (then the one with the
-  fewest other labels, then the largest bound, then the smallest node id).  Upper
+  fewest other labels, then the largest *cover* -- the smaller of its bound and
+  the number of nodes still to place -- then the smallest node id).  Upper
   levels order the nodes below by location and pack them into parents, each
-  parent preferring to cover as many of the remaining nodes as it can (fewest
-  levels), then label affinity.  A lone node left over at the end of a level is
-  carried up to the next level instead of getting a parent of its own.  Levels
-  are added until one node, the root, remains.
+  parent being the aggregator with the largest cover (fewest levels), then
+  label affinity.  A lone node left over at the end of a level is carried up
+  to the next level instead of getting a parent of its own.  Levels are added
+  until one node, the root, remains.
 * Tier ``PACKED``: the same, but leaves may mix locations (used when ``LOCAL``
   needs more aggregators than there are).
 * Tier ``COMPACT``: the fewest aggregators that can hold the group, those with the
   largest bounds: ``k`` is the smallest count whose bounds ``b_1..b_k`` satisfy
   ``sum(b_i) - (k - 1) >= members``.  Aggregators are linked breadth-first (each
   takes the next ones as children, up to its bound) and the free child slots are
-  filled with endpoints, deepest aggregators first.  Here an aggregator's children
+  filled with endpoints, starting from the last (deepest) aggregator.  Here an aggregator's children
   may mix endpoints and aggregators.
 * If even ``COMPACT`` does not fit, :func:`plan_tree` raises ``NO_AGGREGATOR`` and
   the group waits for aggregators: the planner never exceeds a bound or a capacity
