@@ -192,7 +192,8 @@ def test_no_known_gap_is_stale() -> None:
 
 # --- the schema against the code ---------------------------------------------------------
 
-_ENTRY = re.compile(r"^\s*(\?\s*)?(\d+)\s*=>[^;\n]*;\s*([a-z0-9-]+):", re.M)
+# A map entry with the comment that names it on the line above: "; name: ..." then "? key => type".
+_ENTRY = re.compile(r"^\s*;\s*([a-z0-9-]+):[^\n]*\n\s*(\?\s*)?(\d+)\s*=>", re.M)
 
 
 def _rule(name: str) -> str:
@@ -203,7 +204,7 @@ def _rule(name: str) -> str:
 
 
 def _entries(text: str) -> set[tuple[int, str, bool]]:
-    return {(int(key), label.replace("-", "_"), bool(opt)) for opt, key, label in _ENTRY.findall(text)}
+    return {(int(key), label.replace("-", "_"), bool(opt)) for label, opt, key in _ENTRY.findall(text)}
 
 
 def _declared(cls: type[Struct]) -> set[tuple[int, str, bool]]:
