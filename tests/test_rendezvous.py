@@ -484,7 +484,7 @@ def test_losing_the_last_aggregator_leaves_the_group_waiting() -> None:
     h.check_state()
 
 
-def test_new_aggregator_replans_only_when_the_plan_changes() -> None:
+def test_new_aggregator_replans_only_when_the_tree_gets_better() -> None:
     h = Harness()
     active_group(h, aggregators=2, fan_in=3)
     before = h.group().tree
@@ -492,10 +492,27 @@ def test_new_aggregator_replans_only_when_the_plan_changes() -> None:
     cmds = h.aggregator("agg-7", fan_in=2, port=4007)
     change = only(cmds, "e0", EpochChange)
     assert isinstance(change, EpochChange) and change.epoch == 2 and change.code is ErrorCode.NO_ERROR
-    assert h.group().tree != before
-    cmds = h.aggregator("zz-idle", fan_in=2, port=4008, labels=("far",))
+    after = h.group().tree
+    assert after is not None and after.strategy is PlanStrategy.LOCAL
+    # Sorting first, "a-new" would be picked by a fresh plan, but that tree is no better.
+    cmds = h.aggregator("a-new", fan_in=2, port=4008)
     assert not any(isinstance(c, SendMessage) and c.peer.startswith("e") for c in cmds)
-    assert h.group().epoch == 2
+    assert h.group().epoch == 2 and h.group().tree == after
+    h.check_state()
+
+
+def test_new_aggregator_with_matching_labels_improves_locality() -> None:
+    h = Harness()
+    h.aggregator("agg-0", fan_in=4)
+    h.aggregator("agg-1", fan_in=4)
+    for i in range(4):
+        h.endpoint(f"e{i}", labels=("rack=1",))
+    before = h.group().tree
+    assert before is not None and before.locality == 0
+    cmds = h.aggregator("tor-1", fan_in=4, labels=("rack=1",))
+    assert isinstance(only(cmds, "e0", EpochChange), EpochChange)
+    after = h.group().tree
+    assert after is not None and after.locality == 4 and after.root.node_id == "tor-1"
     h.check_state()
 
 

@@ -96,6 +96,24 @@ def test_racks_get_local_leaves_under_a_spine() -> None:
     assert plan.parent_of(5).node_id == "tor-1"
 
 
+def test_better_than_prefers_tier_then_depth_then_locality() -> None:
+    two_racks = racks(2, 2)
+    local = plan_tree(two_racks, [agg("tor-0", "rack=0"), agg("tor-1", "rack=1"), agg("spine")], 2)
+    packed = plan_tree(two_racks, [agg("big")], 4)
+    assert (local.strategy, local.depth, local.locality) == (PlanStrategy.LOCAL, 2, 4)
+    assert (packed.strategy, packed.depth) == (PlanStrategy.PACKED, 1)
+    assert local.better_than(packed) and not packed.better_than(local)
+    one_rack = {r: MemberInfo(f"ep-{r}", ("rack=0",)) for r in range(4)}
+    deep = plan_tree(one_rack, [agg("a", fan_in=2), agg("b", fan_in=2), agg("c", fan_in=2)], 4)
+    shallow = plan_tree(one_rack, [agg("big", fan_in=4)], 4)
+    labelled = plan_tree(one_rack, [agg("tor", "rack=0", fan_in=4)], 4)
+    compact = plan_tree(one_rack, [agg("a", fan_in=2), agg("b", fan_in=3)], 4)
+    assert (deep.depth, shallow.depth, labelled.locality) == (2, 1, 4)
+    assert compact.strategy is PlanStrategy.COMPACT
+    assert deep.better_than(compact) and shallow.better_than(deep) and labelled.better_than(shallow)
+    assert not shallow.better_than(shallow) and not shallow.better_than(labelled)
+
+
 def test_labels_not_names_choose_the_leaf() -> None:
     """An unlabelled aggregator is preferred over one labelled for another location."""
     members = {0: MemberInfo("a", ("rack=x",)), 1: MemberInfo("b", ("rack=y",))}

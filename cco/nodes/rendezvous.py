@@ -29,9 +29,11 @@ What peers see (draft section "Membership, Trees and Epochs"):
   a better tree after an aggregator arrives) sends EpochChange(new epoch, members,
   code) to the remaining members and to the old tree's aggregators, then new
   TreeAssignments, aggregators root first, then endpoints by rank.  An aggregator
-  arriving re-plans every group, but a group whose plan would not change keeps its
-  epoch.  A group with no room for a tree waits (state WAITING) and gets its tree,
-  in its current epoch, as soon as capacity appears.
+  arriving re-plans every group, but only a group whose tree gets *better*
+  (:meth:`~cco.nodes.tree.TreePlan.better_than`) changes epoch: in-flight
+  operations are not failed for a tree that is merely different.  A group with
+  no room for a tree waits (state WAITING) and gets its tree, in its current
+  epoch, as soon as capacity appears.
 * An aggregator's children may mix endpoints and aggregators (see
   :mod:`cco.nodes.tree`); an endpoint child's NodeRef carries
   :data:`~cco.nodes.tree.ENDPOINT_ADDRESS`.
@@ -673,7 +675,11 @@ class RendezvousMachine:
                 self._plan(group, out)
 
     def _aggregators_changed(self, out: list[Command], lost: str | None) -> None:
-        """Re-plan after an aggregator arrived (``lost`` None) or was lost."""
+        """Re-plan after an aggregator arrived (``lost`` None) or was lost.
+
+        Waiting groups are planned before active ones are improved, so spare
+        capacity goes first to groups that have no tree at all.
+        """
         for _, group in sorted(self._groups.items()):
             if group.plan is not None and lost is not None and lost in group.plan.aggregator_ids:
                 group.state = _move(GROUP_TABLE, group.state, "aggregators_changed")
@@ -684,7 +690,7 @@ class RendezvousMachine:
             for _, group in sorted(self._groups.items()):
                 if group.state is GroupState.ACTIVE and group.plan is not None:
                     candidate = self._candidate(group)
-                    if candidate is None or candidate == group.plan:
+                    if candidate is None or not candidate.better_than(group.plan):
                         continue
                     group.state = _move(GROUP_TABLE, group.state, "aggregators_changed")
                     self._end_epoch(group, ErrorCode.NO_ERROR, out)

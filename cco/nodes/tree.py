@@ -115,11 +115,16 @@ class AggregatorPlacement:
 
 @dataclass(frozen=True, slots=True)
 class TreePlan:
-    """A group's tree: aggregators root first (breadth-first), endpoints by rank."""
+    """A group's tree: aggregators root first (breadth-first), endpoints by rank.
+
+    ``locality`` counts, over all endpoints, the labels an endpoint shares with
+    its leaf aggregator: the higher, the more traffic stays local.
+    """
 
     strategy: PlanStrategy
     aggregators: tuple[AggregatorPlacement, ...]
     endpoint_parents: tuple[tuple[int, NodeRef], ...]
+    locality: int
 
     @property
     def root(self) -> AggregatorPlacement:
@@ -133,6 +138,19 @@ class TreePlan:
     def depth(self) -> int:
         """Aggregator levels between an endpoint and the root, at the deepest point."""
         return 1 + max(p.depth for p in self.aggregators)
+
+    def better_than(self, other: TreePlan) -> bool:
+        """A better tier, else fewer levels, else more locality: worth a new epoch.
+
+        A plan that differs from the current one only in which aggregators it
+        picks is not better, so a re-plan does not disturb a group for nothing.
+        """
+        tiers = list(PlanStrategy)
+
+        def key(plan: TreePlan) -> tuple[int, int, int]:
+            return (tiers.index(plan.strategy), plan.depth, -plan.locality)
+
+        return key(self) < key(other)
 
     def placement(self, node_id: str) -> AggregatorPlacement:
         for p in self.aggregators:
@@ -328,8 +346,12 @@ def _finish(
     endpoint_parents = sorted(
         (int(i), refs[n]) for n, children in shape.items() for k, i in children if k == "e"
     )
+    locality = sum(len(set(members[r].labels) & set(info[ref.node_id].labels)) for r, ref in endpoint_parents)
     return TreePlan(
-        strategy=strategy, aggregators=tuple(placements), endpoint_parents=tuple(endpoint_parents)
+        strategy=strategy,
+        aggregators=tuple(placements),
+        endpoint_parents=tuple(endpoint_parents),
+        locality=locality,
     )
 
 
