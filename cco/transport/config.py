@@ -29,9 +29,9 @@ class TransportConfig:
       (connection-level MAX_DATA slides with receipt instead of aioquic's doubling).
     * ``receive_buffer``: decoded messages the application has not read yet; above
       it we stop extending credit, so the peer stalls after at most one more
-      ``receive_window``.  Memory per connection is therefore bounded by
-      ``receive_buffer + receive_window`` of messages plus one partial frame
-      (at most ``max_message_size``) per open stream.
+      ``receive_window``.  Unread messages per connection therefore stay below
+      ``receive_buffer + max_message_size + receive_window``, plus one partial
+      frame (under ``max_message_size``) per open stream.
     * ``send_buffer``: bytes handed to QUIC but not yet sent; :meth:`PeerLink.drain`
       waits while more than this is pending.
     """
@@ -48,6 +48,8 @@ class TransportConfig:
     """Seconds of silence after which QUIC drops the connection (reported as PEER_LOST)."""
     hello_timeout: float = 10.0
     """Seconds a server waits for Hello after the TLS handshake before closing (TIMEOUT)."""
+    close_flush_timeout: float = 2.0
+    """Seconds ``close()`` keeps delivering queued messages before the QUIC close."""
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
     """Largest frame we accept; advertised to the peer in Hello/HelloAck capabilities."""
     receive_window: int = 8 * MiB
@@ -72,7 +74,7 @@ class TransportConfig:
             )
         if not 1024 <= self.max_message_size <= (1 << 32) - 1:
             raise ValueError(f"max_message_size {self.max_message_size} is outside [1024, 2^32 - 1]")
-        for name in ("idle_timeout", "hello_timeout"):
+        for name in ("idle_timeout", "hello_timeout", "close_flush_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive")
         for name in ("receive_window", "receive_buffer", "send_buffer"):

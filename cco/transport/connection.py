@@ -17,6 +17,9 @@ Three things aioquic 1.7 does not offer through its public API, and how we get t
    :class:`ReceiveCredit` replaces that limit object: credit slides ``window`` bytes
    beyond what was received, and stops growing while ``frozen``.
 
+The server issues no session tickets: a resumed session would skip the client
+certificate, so every connection is a full handshake (and there is no 0-RTT).
+
 A refused handshake is closed with CRYPTO_ERROR plus the TLS alert (RFC 9001,
 section 4.8), exactly as aioquic closes for alerts of its own, and every event after
 the refusal except the final ``ConnectionTerminated`` is swallowed: the adapter
@@ -47,10 +50,11 @@ class ReceiveCredit(Limit):
     section 4.1).
     """
 
-    def __init__(self, original: Any, window: int) -> None:
+    def __init__(self, original: Limit, window: int) -> None:
         self.window = window
         self.frozen = False
         self._value = 0
+        self.used = 0
         super().__init__(frame_type=original.frame_type, name=original.name, value=window)
 
     @property
@@ -100,6 +104,11 @@ class CcoQuicConnection(QuicConnection):
     def stream_bytes_sent(self) -> int:
         """Stream bytes sent at least once, over all streams (aioquic's own count)."""
         return int(self._remote_max_data_used)
+
+    @property
+    def bytes_in_flight(self) -> int:
+        """Bytes in sent packets that are neither acknowledged nor declared lost."""
+        return int(self._loss.bytes_in_flight)
 
     @property
     def termination(self) -> events.ConnectionTerminated | None:

@@ -127,6 +127,8 @@ class Server(asyncio.DatagramProtocol):
         self._closing = True
         for task in self._handlers:
             task.cancel()
+        # Keep the socket until every connection has ended its closing (or draining)
+        # period: CONNECTION_CLOSE may need repeating, and qlog traces are written then.
         protocols = list(self._protocols)
         for protocol in protocols:
             protocol.fail(ErrorCode.SHUTTING_DOWN, "server shutting down")

@@ -11,6 +11,9 @@ open.  The mapping onto QUIC (draft section "QUIC Mapping"):
   on unidirectional streams, one per (direction, group): opened on first use and
   kept, so the messages of one group stay in order and a loss in one group never
   stalls another.  Every message on a data stream carries the same ``group_id``.
+  (aioquic lets a peer open 128 unidirectional streams and raises that limit
+  only as streams end, so one connection carries at most 128 groups' data in
+  each direction; a 129th group's data waits.)
 * Every message is a frame (:mod:`cco.wire.framing`); each stream has its own
   :class:`FrameDecoder`, since QUIC keeps no message boundaries.
 * Connection close carries the :class:`ErrorCode` as the application error code.
@@ -162,6 +165,8 @@ class LinkProtocol(QuicConnectionProtocol):
         self._drainers: list[asyncio.Future[None]] = []
         self._transmit_handle: asyncio.Handle | None = None
         self._close_reason: tuple[ErrorCode, str] | None = None
+        self._pending_close: tuple[int, str] | None = None  # CONNECTION_CLOSE still to send
+        self._close_timer: asyncio.TimerHandle | None = None
         self._terminated = asyncio.Event()
         self._on_terminated: list[Callable[[], None]] = []
         self.opened: asyncio.Future[PeerLink] = self._loop.create_future()
@@ -174,6 +179,8 @@ class LinkProtocol(QuicConnectionProtocol):
         self._transmit_handle = None
         super().transmit()
         self._wake_drainers()
+        if self._pending_close is not None and self._flushed():
+            self._close_quic()
 
     def _schedule_transmit(self) -> None:
         if self._transmit_handle is None:
@@ -252,12 +259,37 @@ class LinkProtocol(QuicConnectionProtocol):
         self._readable.set()
 
     def fail(self, code: ErrorCode, detail: str) -> None:
-        """Close the connection with ``code`` (sent to the peer as the application error)."""
+        """Close the link with ``code``, sent to the peer as the application error code.
+
+        The link counts as closed at once (``send`` and ``receive`` raise), but the
+        QUIC CONNECTION_CLOSE waits until every queued message has been sent and
+        acknowledged, for at most ``close_flush_timeout`` seconds: a closing QUIC
+        connection sends nothing else, so closing at once would silently drop
+        messages queued just before, such as the ``Error`` refusing a Hello.
+        """
         if self._close_reason is not None:
             return
-        self._quic.close(error_code=int(code), reason_phrase=_truncate(detail, _MAX_REASON))
-        self._schedule_transmit()
+        handshake_done = self._phase is not _Phase.HANDSHAKE
         self._mark_closed(code, detail)
+        self._pending_close = (int(code), _truncate(detail, _MAX_REASON))
+        if handshake_done:
+            self._close_timer = self._loop.call_later(self._config.close_flush_timeout, self._close_quic)
+            self._schedule_transmit()
+        else:
+            self._close_quic()
+
+    def _flushed(self) -> bool:
+        return self._unsent() == 0 and self._cco.bytes_in_flight == 0
+
+    def _close_quic(self) -> None:
+        if self._pending_close is None:
+            return
+        code, reason = self._pending_close
+        self._pending_close = None
+        if self._close_timer is not None:
+            self._close_timer.cancel()
+        self._quic.close(error_code=code, reason_phrase=reason)
+        self._schedule_transmit()
 
     async def wait_terminated(self) -> tuple[ErrorCode, str]:
         await self._terminated.wait()
@@ -287,6 +319,9 @@ class LinkProtocol(QuicConnectionProtocol):
     def quic_event_received(self, event: events.QuicEvent) -> None:
         if isinstance(event, events.ConnectionTerminated):
             self._mark_closed(*describe_termination(event))
+            self._pending_close = None
+            if self._close_timer is not None:
+                self._close_timer.cancel()
             self._terminated.set()
             for callback in self._on_terminated:
                 callback()

@@ -1,0 +1,601 @@
+"""The QUIC transport end to end, over loopback: handshake, identity, streams, errors, limits."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from aioquic.asyncio import connect as aioquic_connect
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.packet import QuicErrorCode
+from aioquic.tls import AlertDescription
+
+from cco.transport import LinkClosed, LocalIdentity, PeerLink, Server, TransportConfig, connect, serve
+from cco.transport.certs import create_dev_pki
+from cco.transport.link import CONTROL_STREAM_ID, LinkProtocol
+from cco.wire.errors import CcoError, DecodeError, EncodeError, ErrorCode
+from cco.wire.framing import encode_frame
+from cco.wire.messages import (
+    Capabilities,
+    ChunkAck,
+    Contribution,
+    Heartbeat,
+    Hello,
+    Message,
+    encode_message,
+)
+from cco.wire.registries import ALPN, Collective, DType, ReduceOp, Role
+
+T = TypeVar("T")
+
+CAPS = Capabilities(
+    dtypes=(DType.INT32,),
+    ops=(ReduceOp.SUM,),
+    collectives=(Collective.ALL_REDUCE,),
+    max_message_size=1 << 24,
+    max_chunk_elements=1 << 20,
+    extensions=(7,),
+)
+NODES = [
+    ("agg-1", Role.AGGREGATOR),
+    ("ep-1", Role.ENDPOINT),
+    ("ep-2", Role.ENDPOINT),
+    ("ep-3", Role.ENDPOINT),
+]
+ROLES = dict(NODES)
+GROUP_A, GROUP_B = b"A" * 16, b"B" * 16
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("pki")
+    create_dev_pki(directory, NODES)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def other_pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Same node names, a different CA."""
+    directory = tmp_path_factory.mktemp("other-pki")
+    create_dev_pki(directory, NODES)
+    return directory
+
+
+def run(test: Callable[[], Awaitable[T]], timeout: float = 30.0) -> T:
+    async def main() -> T:
+        return await asyncio.wait_for(test(), timeout)
+
+    return asyncio.run(main())
+
+
+def chunk(group: bytes, index: int, elements: int = 4, chunks: int = 1000, op_id: int = 1) -> Contribution:
+    """A valid int32 contribution of ``elements`` per chunk; its payload encodes ``index``."""
+    payload = (index.to_bytes(4, "little") * elements)[: elements * 4]
+    return Contribution(
+        group_id=group,
+        epoch=0,
+        op_id=op_id,
+        kind=Collective.ALL_REDUCE,
+        op=ReduceOp.SUM,
+        dtype=DType.INT32,
+        scale=0,
+        total_elements=elements * chunks,
+        chunk_elements=elements,
+        chunk_index=index,
+        contributors=b"\x01",
+        width=4,
+        payload=payload,
+    )
+
+
+def config(pki: Path, node_id: str, **overrides: Any) -> TransportConfig:
+    return TransportConfig.for_node(pki, node_id, **overrides)
+
+
+def identity(node_id: str, caps: Capabilities = CAPS) -> LocalIdentity:
+    return LocalIdentity(node_id, ROLES[node_id], caps)
+
+
+@asynccontextmanager
+async def server(
+    pki: Path, node_id: str = "agg-1", caps: Capabilities = CAPS, **overrides: Any
+) -> AsyncIterator[tuple[Server, asyncio.Queue[PeerLink]]]:
+    """A server whose accepted links appear on a queue."""
+    accepted: asyncio.Queue[PeerLink] = asyncio.Queue()
+    srv = await serve(
+        "127.0.0.1", 0, config(pki, node_id, **overrides), identity(node_id, caps), accepted.put_nowait
+    )
+    try:
+        yield srv, accepted
+    finally:
+        await srv.close()
+
+
+async def dial(
+    srv: Server, pki: Path, node_id: str = "ep-1", expect: str = "agg-1", **overrides: Any
+) -> PeerLink:
+    host, port = srv.address
+    return await connect(host, port, config(pki, node_id, **overrides), identity(node_id), expect, timeout=5)
+
+
+async def refused(dialing: Awaitable[PeerLink]) -> CcoError:
+    with pytest.raises(CcoError) as info:
+        await dialing
+    return info.value
+
+
+def protocol(link: PeerLink) -> LinkProtocol:
+    return link._protocol
+
+
+def write_raw(link: PeerLink, stream_id: int, data: bytes) -> None:
+    """Bypass framing and checks: what a broken or hostile peer would send."""
+    protocol(link)._quic.send_stream_data(stream_id, data)
+    protocol(link).transmit()
+
+
+async def exchange(link: PeerLink, peer: PeerLink, message: Message) -> None:
+    link.send(message)
+    assert await asyncio.wait_for(peer.receive(), 5) == message
+
+
+# --- handshake and identity --------------------------------------------------------
+
+
+def test_handshake_authenticates_both_sides(pki: Path) -> None:
+    async def test() -> None:
+        server_caps = replace(CAPS, extensions=(7, 8))
+        async with server(pki, caps=server_caps, max_message_size=1 << 20) as (srv, accepted):
+            client_caps = replace(CAPS, extensions=(9, 7))
+            host, port = srv.address
+            link = await connect(
+                host, port, config(pki, "ep-1"), identity("ep-1", client_caps), "agg-1", timeout=5
+            )
+            peer = await accepted.get()
+            assert (link.node_id, link.role, link.version) == ("agg-1", Role.AGGREGATOR, 1)
+            assert (peer.node_id, peer.role, peer.version) == ("ep-1", Role.ENDPOINT, 1)
+            assert link.extensions == peer.extensions == frozenset({7})
+            # The transport advertises its own receive limit, whatever the identity said.
+            assert link.capabilities.max_message_size == 1 << 20
+            assert peer.capabilities.max_message_size == 1 << 24
+            assert srv.links == [peer]
+            await exchange(link, peer, Heartbeat(seq=1))
+            await exchange(peer, link, Heartbeat(seq=2))
+
+    run(test)
+
+
+def test_client_certificate_from_another_ca_is_refused(pki: Path, other_pki: Path) -> None:
+    async def test() -> None:
+        async with server(pki) as (srv, accepted):
+            mixed = TransportConfig(
+                ca_file=pki / "ca.pem", cert_file=other_pki / "ep-1.pem", key_file=other_pki / "ep-1.key"
+            )
+            host, port = srv.address
+            error = await refused(connect(host, port, mixed, identity("ep-1"), "agg-1", timeout=5))
+            assert error.code is ErrorCode.UNAUTHORIZED
+            assert "bad_certificate" in error.detail
+            assert accepted.empty() and srv.links == []
+            # The server is unharmed.
+            link = await dial(srv, pki, "ep-2")
+            assert link.node_id == "agg-1"
+            assert (await accepted.get()).node_id == "ep-2"
+
+    run(test)
+
+
+def test_client_without_certificate_is_refused(pki: Path) -> None:
+    """A plain aioquic client presents no certificate; the server refuses at the handshake."""
+
+    async def test() -> None:
+        async with server(pki) as (srv, accepted):
+            host, port = srv.address
+            plain = QuicConfiguration(is_client=True, alpn_protocols=[ALPN], verify_mode=ssl.CERT_NONE)
+            async with aioquic_connect(host, port, configuration=plain) as client:
+                await asyncio.wait_for(client.wait_closed(), 5)
+                termination = client._quic._close_event
+                assert termination is not None
+                assert (
+                    termination.error_code
+                    == QuicErrorCode.CRYPTO_ERROR + AlertDescription.certificate_required
+                )
+            assert accepted.empty()
+
+    run(test)
+
+
+def test_server_certificate_from_another_ca_is_refused(pki: Path, other_pki: Path) -> None:
+    async def test() -> None:
+        async with server(other_pki) as (srv, accepted):
+            error = await refused(dial(srv, pki))
+            assert error.code is ErrorCode.UNAUTHORIZED
+            assert accepted.empty()
+
+    run(test)
+
+
+def test_server_must_be_the_expected_node(pki: Path) -> None:
+    async def test() -> None:
+        async with server(pki) as (srv, accepted):
+            error = await refused(dial(srv, pki, expect="agg-2"))
+            assert error.code is ErrorCode.UNAUTHORIZED
+            assert "'agg-1', expected 'agg-2'" in error.detail
+            assert accepted.empty()
+
+    run(test)
+
+
+def test_hello_that_contradicts_the_certificate_is_unauthorized(
+    pki: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def lying_hello(local: LocalIdentity, versions: tuple[int, ...]) -> Hello:
+        return Hello(versions=versions, role=Role.ENDPOINT, node_id="ep-2", capabilities=local.capabilities)
+
+    monkeypatch.setattr("cco.transport.link.build_hello", lying_hello)
+
+    async def test() -> None:
+        async with server(pki) as (srv, accepted):
+            error = await refused(dial(srv, pki, "ep-1"))
+            assert error.code is ErrorCode.UNAUTHORIZED
+            assert "'ep-2'" in error.detail and "'ep-1'" in error.detail
+            assert accepted.empty()
+
+    run(test)
+
+
+def test_unsupported_version_is_refused(pki: Path) -> None:
+    async def test() -> None:
+        async with server(pki) as (srv, accepted):
+            error = await refused(dial(srv, pki, versions=(99, 98)))
+            assert error.code is ErrorCode.UNSUPPORTED_VERSION
+            assert accepted.empty()
+
+    run(test)
+
+
+def test_own_certificate_must_match_local_identity(pki: Path) -> None:
+    async def test() -> None:
+        with pytest.raises(ValueError, match="is for 'ep-1'"):
+            await connect("127.0.0.1", 9, config(pki, "ep-1"), identity("ep-2"), "agg-1")
+
+    run(test)
+
+
+def test_hello_timeout(pki: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    original = LinkProtocol._on_handshake_completed
+
+    def silent_client(self: LinkProtocol, event: Any) -> None:
+        if not self._is_client:
+            original(self, event)
+
+    monkeypatch.setattr(LinkProtocol, "_on_handshake_completed", silent_client)
+
+    async def test() -> None:
+        async with server(pki, hello_timeout=0.2) as (srv, _):
+            error = await refused(dial(srv, pki))
+            assert error.code is ErrorCode.TIMEOUT
+            assert "no Hello" in error.detail
+
+    run(test)
+
+
+def test_connect_times_out_without_a_server(pki: Path) -> None:
+    async def test() -> None:
+        async with server(pki) as (srv, _):
+            host, port = srv.address
+        # The server is closed: nobody answers on that port any more.
+        error = await refused(
+            connect(host, port, config(pki, "ep-1"), identity("ep-1"), "agg-1", timeout=0.3)
+        )
+        assert error.code is ErrorCode.TIMEOUT
+
+    run(test)
+
+
+# --- messages and streams ----------------------------------------------------------
+
+
+def test_ipv6_loopback(pki: Path) -> None:
+    async def test() -> None:
+        accepted: asyncio.Queue[PeerLink] = asyncio.Queue()
+        try:
+            srv = await serve("::1", 0, config(pki, "agg-1"), identity("agg-1"), accepted.put_nowait)
+        except OSError:
+            pytest.skip("no IPv6 loopback")
+        try:
+            link = await connect("::1", srv.address[1], config(pki, "ep-1"), identity("ep-1"), "agg-1", 5)
+            await exchange(link, await accepted.get(), Heartbeat(seq=6))
+        finally:
+            await srv.close()
+
+    run(test)
+
+
+def test_large_and_many_small_messages_round_trip(pki: Path) -> None:
+    async def test() -> None:
+        async with server(pki) as (srv, accepted):
+            link = await dial(srv, pki)
+            peer = await accepted.get()
+            big = chunk(GROUP_A, 3, elements=1 << 20, chunks=4)  # 4 MiB payload, ~3000 packets
+            assert len(big.payload) == 4 << 20
+            link.send(big)
+            assert await peer.receive() == big
+            small = [ChunkAck(group_id=GROUP_B, epoch=0, op_id=i, chunks=(i,)) for i in range(500)]
+            for message in small:
+                peer.send(message)
+            await peer.drain()
+            assert [await link.receive() for _ in small] == small
+
+    run(test)
+
+
+def test_data_travels_on_one_unidirectional_stream_per_group_in_order(pki: Path) -> None:
+    async def test() -> None:
+        async with server(pki) as (srv, accepted):
+            link = await dial(srv, pki)
+            peer = await accepted.get()
+            sent: list[Message] = []
+            for index in range(200):
+                sent.append(chunk(GROUP_A if index % 3 else GROUP_B, index, elements=2048))
+                if index % 50 == 0:
+                    sent.append(Heartbeat(seq=index))
+            for message in sent:
+                link.send(message)
+            received = [await peer.receive() for _ in sent]
+            assert sorted(map(repr, received)) == sorted(map(repr, sent))
+            for group in (GROUP_A, GROUP_B):
+                mine = [
+                    m.chunk_index for m in received if isinstance(m, Contribution) and m.group_id == group
+                ]
+                assert mine == sorted(mine) and mine
+
+            # Client-initiated unidirectional streams (id % 4 == 2), one per group.
+            outbound = protocol(link)._outbound
+            assert set(outbound) == {GROUP_A, GROUP_B}
+            assert all(stream_id % 4 == 2 for stream_id in outbound.values())
+            inbound = protocol(peer)._inbound
+            assert inbound[CONTROL_STREAM_ID].is_control
+            assert {s.group_id for i, s in inbound.items() if i != CONTROL_STREAM_ID} == {GROUP_A, GROUP_B}
+
+            # The server's data to the client uses its own streams (id % 4 == 3).
+            peer.send(chunk(GROUP_A, 0))
+            assert await link.receive() == chunk(GROUP_A, 0)
+            assert list(protocol(peer)._outbound.values()) == [3]
+
+    run(test)
+
+
+def test_message_larger_than_the_peer_accepts_is_refused_locally(pki: Path) -> None:
+    async def test() -> None:
+        async with server(pki, max_message_size=64 * 1024) as (srv, accepted):
+            link = await dial(srv, pki)
+            peer = await accepted.get()
+            with pytest.raises(EncodeError) as info:
+                link.send(chunk(GROUP_A, 0, elements=32 * 1024))
+            assert info.value.code is ErrorCode.MESSAGE_TOO_LARGE
+            await exchange(link, peer, chunk(GROUP_A, 1, elements=1024))  # still open
+
+    run(test)
+
+
+# --- peer errors -------------------------------------------------------------------
+
+MALFORMED_CBOR = b"\x03\xff\xff\xff"  # a 3-byte frame of CBOR "break" codes
+NON_SHORTEST_LENGTH = b"\x40\x01\x00"  # length 1 as a 2-byte varint
+HUGE_LENGTH = b"\xbf\xff\xff\xff"  # a 1 GiB frame
+
+
+@pytest.mark.parametrize(
+    ("stream", "data", "code"),
+    [
+        ("data", MALFORMED_CBOR, ErrorCode.MALFORMED_CBOR),
+        ("data", NON_SHORTEST_LENGTH, ErrorCode.FRAMING_ERROR),
+        ("data", HUGE_LENGTH, ErrorCode.MESSAGE_TOO_LARGE),
+        ("control", MALFORMED_CBOR, ErrorCode.MALFORMED_CBOR),
+        ("data", encode_frame(encode_message(Heartbeat(seq=1))), ErrorCode.PROTOCOL_VIOLATION),
+        ("control", encode_frame(encode_message(chunk(GROUP_A, 0))), ErrorCode.PROTOCOL_VIOLATION),
+        (
+            "data",
+            encode_frame(encode_message(chunk(GROUP_A, 0))) + encode_frame(encode_message(chunk(GROUP_B, 1))),
+            ErrorCode.PROTOCOL_VIOLATION,
+        ),
+        ("bidi", encode_frame(encode_message(Heartbeat(seq=1))), ErrorCode.PROTOCOL_VIOLATION),
+    ],
+)
+def test_bad_input_closes_that_connection_only(pki: Path, stream: str, data: bytes, code: ErrorCode) -> None:
+    async def test() -> None:
+        async with server(pki) as (srv, accepted):
+            good = await dial(srv, pki, "ep-1")
+            good_peer = await accepted.get()
+            bad = await dial(srv, pki, "ep-2")
+            bad_peer = await accepted.get()
+            stream_id = {"data": 2, "control": CONTROL_STREAM_ID, "bidi": 4}[stream]
+            write_raw(bad, stream_id, data)
+            assert (await bad.wait_closed())[0] is code
+            assert (await bad_peer.wait_closed())[0] is code
+            with pytest.raises(LinkClosed) as info:
+                while True:  # valid messages before the bad one are still delivered
+                    await bad_peer.receive()
+            assert info.value.code is code
+            # Other clients, current and new, are served as before.
+            await exchange(good, good_peer, chunk(GROUP_A, 5))
+            await exchange(good_peer, good, Heartbeat(seq=9))
+            late = await dial(srv, pki, "ep-3")
+            await exchange(late, await accepted.get(), Heartbeat(seq=10))
+
+    run(test)
+
+
+def test_decode_error_can_be_reported_without_closing(pki: Path) -> None:
+    async def test() -> None:
+        async with server(pki, close_on_decode_error=False) as (srv, accepted):
+            link = await dial(srv, pki)
+            peer = await accepted.get()
+            write_raw(link, CONTROL_STREAM_ID, MALFORMED_CBOR)
+            with pytest.raises(DecodeError) as info:
+                await asyncio.wait_for(peer.receive(), 5)
+            assert info.value.code is ErrorCode.MALFORMED_CBOR
+            await exchange(link, peer, Heartbeat(seq=3))
+            assert peer.close_reason is None
+
+    run(test)
+
+
+# --- closing -----------------------------------------------------------------------
+
+
+def test_close_code_and_detail_reach_the_peer(pki: Path) -> None:
+    async def test() -> None:
+        async with server(pki) as (srv, accepted):
+            link = await dial(srv, pki)
+            peer = await accepted.get()
+            link.send(Heartbeat(seq=1))
+            await link.drain()
+            link.close(ErrorCode.ABORTED, "bye")
+            assert await link.wait_closed() == (ErrorCode.ABORTED, "bye")
+            assert await peer.wait_closed() == (ErrorCode.ABORTED, "bye")
+            # Messages that arrived before the close are still delivered, then the close.
+            assert await peer.receive() == Heartbeat(seq=1)
+            with pytest.raises(LinkClosed):
+                await peer.receive()
+            with pytest.raises(LinkClosed):
+                link.send(Heartbeat(seq=2))
+            assert srv.links == []
+
+    run(test)
+
+
+def test_async_iteration_ends_on_a_normal_close(pki: Path) -> None:
+    async def test() -> None:
+        async with server(pki) as (srv, accepted):
+            link = await dial(srv, pki)
+            peer = await accepted.get()
+            for seq in range(3):
+                link.send(Heartbeat(seq=seq))
+            await link.drain()
+            await asyncio.sleep(0.05)
+            link.close()
+            assert [m async for m in peer] == [Heartbeat(seq=seq) for seq in range(3)]
+
+    run(test)
+
+
+def test_server_close_tells_clients(pki: Path) -> None:
+    async def test() -> None:
+        async with server(pki) as (srv, accepted):
+            link = await dial(srv, pki)
+            await accepted.get()
+        assert (await link.wait_closed())[0] is ErrorCode.SHUTTING_DOWN
+
+    run(test)
+
+
+def test_failing_handler_closes_its_link_only(pki: Path) -> None:
+    async def test() -> None:
+        calls: list[str] = []
+
+        async def handler(link: PeerLink) -> None:
+            calls.append(link.node_id)
+            if link.node_id == "ep-1":
+                raise RuntimeError("handler bug")
+            link.send(Heartbeat(seq=42))
+
+        srv = await serve("127.0.0.1", 0, config(pki, "agg-1"), identity("agg-1"), handler)
+        try:
+            bad = await dial(srv, pki, "ep-1")
+            assert (await bad.wait_closed())[0] is ErrorCode.INTERNAL_ERROR
+            good = await dial(srv, pki, "ep-2")
+            assert await good.receive() == Heartbeat(seq=42)
+        finally:
+            await srv.close()
+        assert calls == ["ep-1", "ep-2"]
+
+    run(test)
+
+
+# --- limits, packet size and diagnostics ------------------------------------------
+
+
+def test_unread_messages_stall_the_sender(pki: Path) -> None:
+    """A receiver that does not read holds a bounded amount; the sender waits in drain()."""
+    mib = 1 << 20
+    limits = {"receive_window": mib, "receive_buffer": 2 * mib, "send_buffer": mib}
+
+    async def test() -> None:
+        async with server(pki, **limits) as (srv, accepted):
+            link = await dial(srv, pki, **limits)
+            peer = await accepted.get()
+            messages = [chunk(GROUP_A, i, elements=mib // 4, chunks=32) for i in range(32)]  # 32 x 1 MiB
+
+            async def send_all() -> None:
+                for message in messages:
+                    link.send(message)
+                    await link.drain()
+
+            sender = asyncio.ensure_future(send_all())
+            receiver = protocol(peer)
+            history: list[int] = []
+            while len(history) < 4 or len(set(history[-4:])) > 1:  # until the inbox stops growing
+                await asyncio.sleep(0.1)
+                history.append(receiver._inbox_bytes)
+            assert not sender.done()
+            assert receiver._cco.credit.frozen
+            assert 2 * mib < receiver._inbox_bytes <= 2 * mib + mib + mib + 1024  # buffer + window + 1 msg
+            assert [await peer.receive() for _ in messages] == messages
+            await sender
+
+    run(test, timeout=60)
+
+
+class _RecordingTransport:
+    """Wraps a datagram transport to record the size of every datagram sent."""
+
+    def __init__(self, inner: asyncio.DatagramTransport) -> None:
+        self.inner = inner
+        self.sizes: list[int] = []
+
+    def sendto(self, data: bytes, addr: Any = None) -> None:
+        self.sizes.append(len(data))
+        self.inner.sendto(data, addr)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("size", [1452, 9000, 16000])
+def test_max_datagram_size_is_honoured(pki: Path, size: int) -> None:
+    async def test() -> None:
+        async with server(pki, max_datagram_size=size) as (srv, accepted):
+            link = await dial(srv, pki, max_datagram_size=size)
+            peer = await accepted.get()
+            recorder = _RecordingTransport(protocol(link)._transport)  # type: ignore[arg-type]
+            protocol(link)._transport = recorder  # type: ignore[assignment]
+            message = chunk(GROUP_A, 0, elements=1 << 18, chunks=1)  # 1 MiB
+            link.send(message)
+            assert await peer.receive() == message
+            assert size - 64 <= max(recorder.sizes) <= size
+
+    run(test)
+
+
+def test_qlog_and_key_log_are_written(pki: Path, tmp_path: Path) -> None:
+    async def test() -> None:
+        server_qlog, client_qlog, keylog = tmp_path / "qlog-s", tmp_path / "qlog-c", tmp_path / "keys.log"
+        async with server(pki, qlog_dir=server_qlog, keylog_file=keylog) as (srv, accepted):
+            link = await dial(srv, pki, qlog_dir=client_qlog)
+            await exchange(link, await accepted.get(), Heartbeat(seq=1))
+            link.close()
+            await link.wait_closed()
+        for directory in (server_qlog, client_qlog):
+            traces = list(directory.glob("*.qlog"))
+            assert len(traces) == 1 and b"stream" in traces[0].read_bytes()
+        labels = {line.split()[0] for line in keylog.read_text().splitlines()}
+        assert {"CLIENT_HANDSHAKE_TRAFFIC_SECRET", "SERVER_TRAFFIC_SECRET_0"} <= labels
+
+    run(test)
