@@ -132,23 +132,19 @@ NODE_TABLE: TransitionTable[NodeState] = TransitionTable(
     },
 )
 
-_ASSIGNED = {
-    ASSIGNED_ROOT: GroupState.ACTIVE,
-    ASSIGNED_CONNECTED: GroupState.ACTIVE,
-    ASSIGNED_CONNECT: GroupState.CONNECTING,
-}
+_DIAL = {ASSIGNED_ROOT: GroupState.ACTIVE, ASSIGNED_CONNECT: GroupState.CONNECTING}
+_ASSIGNED = {**_DIAL, ASSIGNED_CONNECTED: GroupState.ACTIVE}
 GROUP_TABLE: TransitionTable[GroupState] = TransitionTable(
     "aggregator group",
     {
-        GroupState.UNKNOWN: {CHUNK_UP: GroupState.UNKNOWN, **_ASSIGNED, "EpochChange": GroupState.UNKNOWN},
+        GroupState.UNKNOWN: {CHUNK_UP: GroupState.UNKNOWN, **_DIAL, "EpochChange": GroupState.UNKNOWN},
         GroupState.CONNECTING: {
             CHUNK_UP: GroupState.CONNECTING,
-            CHUNK_DOWN: GroupState.CONNECTING,
             PARENT_CONNECTED: GroupState.ACTIVE,
             PARENT_LOST: GroupState.CONNECTING,
             PARENT_RETRY: GroupState.CONNECTING,
             SLOT_TIMEOUT: GroupState.CONNECTING,
-            **_ASSIGNED,
+            **_DIAL,
             "EpochChange": GroupState.STALE,
         },
         GroupState.ACTIVE: {
@@ -573,7 +569,6 @@ class AggregatorMachine:
                 group.retry_at = now + self.config.retry_interval
                 out += self._abort_all(group, ErrorCode.PEER_LOST, detail, None, now)
         elif event == PARENT_RETRY:
-            group.retry_at = None
             out += self._connect_parent(group)
         elif epoch_change is not None:
             out += self._change_epoch(group, epoch_change, now)
@@ -623,6 +618,7 @@ class AggregatorMachine:
         out = self._abort_all(group, code, f"epoch changed to {change.epoch}", lost or None, now)
         group.epoch = change.epoch
         group.assignment = None
+        group.retry_at = None
         group.record.clear()
         group.aborted.clear()
         return out
@@ -989,6 +985,7 @@ class AggregatorMachine:
         out += self._expire_pending(now)
         for group in list(self._groups.values()):
             if group.retry_at is not None and group.retry_at <= now:
+                group.retry_at = None
                 out += self._group_event(group, PARENT_RETRY, now)
             out += self._expire_slots(group, now)
         return out
