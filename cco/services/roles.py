@@ -1,0 +1,216 @@
+"""The ``main`` of each role, as started by ``cco-node --role ...``.
+
+Each takes a resolved :class:`~cco.config.NodeConfig`, runs until it is told to
+stop (SIGINT/SIGTERM) or, for an endpoint, until its workload is done, and returns
+the process exit status.  An endpoint's workload is a sequence of verified
+collectives on deterministic inputs (:mod:`cco.workload`), so a run is repeatable and
+its results checkable by anyone who knows the seed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cco.client import Communicator, GroupSpec
+from cco.config import NodeConfig, parse_hostport
+from cco.nodes.aggregator import AggregatorConfig, AggregatorMachine
+from cco.nodes.endpoint import CollectiveRequest
+from cco.nodes.rendezvous import GroupConfig, RendezvousConfig, RendezvousMachine
+from cco.services.node import NodeService
+from cco.transport import TransportConfig
+from cco.transport.certs import CA_CERT_FILE, node_paths
+from cco.wire.errors import CcoError, ErrorCode
+from cco.wire.messages import Address, GroupParams
+from cco.wire.registries import Collective, DType, ReduceOp, Role
+from cco.workload import conformance_cases, make_input
+
+log = logging.getLogger("cco.node")
+
+WORKLOAD_SEED = 2026
+
+
+def transport_config(cfg: NodeConfig) -> TransportConfig:
+    """Credentials from explicit paths, else from ``pki_dir`` by node id."""
+    node_id = cfg.require("node_id")
+    ca, cert, key = cfg.ca, cfg.cert, cfg.key
+    if cfg.pki_dir is not None:
+        default_cert, default_key = node_paths(cfg.pki_dir, node_id)
+        ca = ca or cfg.pki_dir / CA_CERT_FILE
+        cert, key = cert or default_cert, key or default_key
+    if ca is None or cert is None or key is None:
+        raise CcoError(ErrorCode.INVALID_FIELD, "give --pki-dir, or all of --ca, --cert and --key")
+    for path in (ca, cert, key):
+        if not Path(path).is_file():
+            raise CcoError(
+                ErrorCode.INVALID_FIELD, f"{path}: no such file (create one with `cco-node certs`)"
+            )
+    return TransportConfig(
+        ca_file=ca,
+        cert_file=cert,
+        key_file=key,
+        max_datagram_size=cfg.max_datagram_size,
+        qlog_dir=cfg.qlog_dir,
+        keylog_file=cfg.keylog_file,
+    )
+
+
+def parse_group_id(text: str) -> bytes:
+    try:
+        group_id = bytes.fromhex(text)
+    except ValueError:
+        group_id = b""
+    if len(group_id) != 16:
+        raise CcoError(ErrorCode.INVALID_FIELD, f"group id must be 32 hex digits, got {text!r}")
+    return group_id
+
+
+async def _until_signalled() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def run_rendezvous(cfg: NodeConfig) -> int:
+    params = GroupParams(
+        chunk_elements=cfg.chunk_elements,
+        window=cfg.window,
+        heartbeat_interval_ms=cfg.heartbeat_ms,
+        operation_timeout_ms=cfg.operation_timeout_ms,
+    )
+    groups: dict[bytes, GroupConfig] = {}
+    if cfg.group_id is not None:
+        groups[parse_group_id(cfg.group_id)] = GroupConfig(
+            world_size=cfg.require("world_size"), credential=cfg.credential.encode()
+        )
+    machine = RendezvousMachine(
+        RendezvousConfig(groups=groups, create_groups_on_join=cfg.dynamic_groups, params=params)
+    )
+    service = NodeService(machine, cfg.require("node_id"), Role.RENDEZVOUS, transport_config(cfg))
+    host, port = parse_hostport(cfg.listen)
+    address = await service.listen(host, port)
+    log.info("rendezvous %s listening on %s:%d", cfg.node_id, *address[:2])
+    try:
+        await _until_signalled()
+    finally:
+        await service.close()
+    return 0
+
+
+async def run_aggregator(cfg: NodeConfig) -> int:
+    host, port = parse_hostport(cfg.listen)
+    adv_host, adv_port = parse_hostport(cfg.advertise or cfg.listen)
+    if port == 0 or adv_port == 0:
+        raise CcoError(ErrorCode.INVALID_FIELD, "an aggregator needs a fixed --listen/--advertise port")
+    machine = AggregatorMachine(
+        AggregatorConfig(
+            address=Address(host=adv_host, port=adv_port),
+            capacity=cfg.capacity,
+            max_fan_in=cfg.max_fan_in,
+            labels=cfg.labels,
+        )
+    )
+    service = NodeService(machine, cfg.require("node_id"), Role.AGGREGATOR, transport_config(cfg))
+    await service.listen(host, port)
+    rv_host, rv_port = parse_hostport(cfg.rendezvous)
+    await service.join_rendezvous(rv_host, rv_port, cfg.rendezvous_id)
+    log.info("aggregator %s listening on %s:%d", cfg.node_id, host, port)
+    try:
+        await _until_signalled()
+    finally:
+        log.info("aggregator %s peak slot memory %d bytes", cfg.node_id, machine.peak_slot_bytes)
+        await service.close()
+    return 0
+
+
+def _digest(array: np.ndarray | None) -> str:
+    return "" if array is None else hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+
+
+async def run_endpoint(cfg: NodeConfig) -> int:
+    spec = GroupSpec(
+        group_id=parse_group_id(cfg.require("group_id")),
+        world_size=cfg.require("world_size"),
+        credential=cfg.credential.encode(),
+        rank=cfg.rank,
+        labels=cfg.labels,
+        rendezvous=cfg.rendezvous,
+        rendezvous_id=cfg.rendezvous_id,
+    )
+    comm = await Communicator.join(spec, cfg.require("node_id"), transport_config(cfg))
+    log.info("%s joined as rank %d of %d", cfg.node_id, comm.rank, comm.world_size)
+    try:
+        if cfg.workload == "conformance":
+            summary = await _conformance(comm, cfg.elements)
+            arrays = summary.pop("arrays")
+            if cfg.results is not None:
+                np.savez(cfg.results, **arrays)
+        elif cfg.workload == "allreduce":
+            summary = await _allreduce_rounds(comm, cfg.rounds, cfg.elements)
+            if cfg.results is not None:
+                Path(cfg.results).write_text(json.dumps(summary, indent=2) + "\n")
+        else:
+            raise CcoError(ErrorCode.INVALID_FIELD, f"unknown workload {cfg.workload!r}")
+    finally:
+        await comm.close()
+    return 0
+
+
+async def _allreduce_rounds(comm: Communicator, rounds: int, elements: int) -> dict[str, Any]:
+    """Verified float32 all-reduce rounds; one progress line per round on stdout."""
+    records = []
+    for round_index in range(rounds):
+        data = make_input(WORKLOAD_SEED, round_index, comm.rank, DType.FLOAT32, elements)
+        start = time.perf_counter()
+        result = await comm.all_reduce(data, ReduceOp.SUM)
+        seconds = time.perf_counter() - start
+        records.append(
+            {"round": round_index, "seconds": seconds, "bytes": data.nbytes, "sha256": _digest(result)}
+        )
+        print(
+            f"rank {comm.rank}: round {round_index + 1}/{rounds} verified, "
+            f"{data.nbytes / 1e6:.1f} MB in {seconds * 1e3:.0f} ms "
+            f"({data.nbytes / seconds / 1e6:.1f} MB/s)",
+            flush=True,
+        )
+    return {"rank": comm.rank, "world_size": comm.world_size, "rounds": records}
+
+
+async def _conformance(comm: Communicator, elements: int) -> dict[str, Any]:
+    """Every collective of :func:`conformance_cases`, results kept for the checker."""
+    arrays: dict[str, np.ndarray] = {}
+    length = elements - elements % comm.world_size  # reduce_scatter needs equal slices
+    for index, case in enumerate(conformance_cases(comm.world_size)):
+        data = make_input(WORKLOAD_SEED, index, comm.rank, case.dtype, length)
+        array = None if case.kind is Collective.BARRIER else data
+        request = CollectiveRequest(kind=case.kind, op=case.op, array=array, root=case.root)
+        result = await comm.start(request)
+        if result is not None:
+            arrays[case.name] = result
+        print(f"rank {comm.rank}: {case.name} verified", flush=True)
+    return {"arrays": arrays}
+
+
+ROLE_MAINS = {"rendezvous": run_rendezvous, "aggregator": run_aggregator, "endpoint": run_endpoint}
+
+
+def run_role(cfg: NodeConfig) -> int:
+    logging.basicConfig(
+        level=getattr(logging, cfg.log_level.upper(), logging.INFO),
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    return asyncio.run(ROLE_MAINS[cfg.role](cfg))
