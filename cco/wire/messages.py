@@ -239,6 +239,19 @@ class TreeAssignment(Message):
     params: GroupParams = wire(6, Nested(GroupParams))
     parent: NodeRef | None = wire(7, Nested(NodeRef), optional=True)
 
+    def validate(self, where: str, encoding: bool) -> None:
+        bitmaps = {"expected": self.expected}
+        bitmaps.update({f"children[{i}].ranks": child.ranks for i, child in enumerate(self.children)})
+        if self.parent is not None:
+            bitmaps["parent.ranks"] = self.parent.ranks
+        for name, bitmap in bitmaps.items():
+            if bitmap and highest_rank(bitmap) >= self.world_size:
+                raise invalid(
+                    where,
+                    f"{name} names rank {highest_rank(bitmap)}, not below world_size {self.world_size}",
+                    encoding,
+                )
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EpochChange(Message):
@@ -249,6 +262,11 @@ class EpochChange(Message):
     epoch: int = wire(2, _U64)
     members: bytes = wire(3, _RANK_BITMAP)
     code: ErrorCode = wire(4, Enum(ErrorCode))
+
+
+def highest_rank(bitmap: bytes) -> int:
+    """The largest rank set in a non-empty deterministic bitmap (its last byte is non-zero)."""
+    return (len(bitmap) - 1) * 8 + bitmap[-1].bit_length() - 1
 
 
 def chunk_count(total_elements: int, chunk_elements: int) -> int:
