@@ -331,6 +331,12 @@ def test_per_group_params_and_fan_in_override_the_defaults() -> None:
     assert isinstance(accept, JoinAccept) and accept.params == params
     with pytest.raises(ValueError):
         RendezvousConfig(max_fan_in=1)
+    with pytest.raises(ValueError):
+        GroupConfig(world_size=0, credential=b"")
+    with pytest.raises(ValueError):
+        GroupConfig(world_size=2, credential=b"", max_fan_in=1)
+    with pytest.raises(ValueError):
+        RendezvousConfig(groups={b"short": GroupConfig(2, b"")})
 
 
 # --- trees --------------------------------------------------------------------------------
@@ -377,6 +383,8 @@ def test_capacity_is_shared_between_groups_and_freed_when_a_group_closes() -> No
     h.endpoint("e0", world_size=1)
     h.endpoint("e1", group=OTHER, world_size=1)
     assert h.group(OTHER).state is GroupState.WAITING
+    (agg,) = h.rv.status().aggregators
+    assert (agg.node_id, agg.capacity, agg.groups) == ("agg", 1, (GID,))
     h.check_state()
     cmds = h.send("e0", Leave(group_id=GID, rank=0, code=ErrorCode.NO_ERROR))
     assert h.group().state is GroupState.CLOSED

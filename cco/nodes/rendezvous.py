@@ -85,7 +85,7 @@ from cco.wire.messages import (
     Message,
     TreeAssignment,
 )
-from cco.wire.registries import GROUP_SECRET_SIZE, Role
+from cco.wire.registries import GROUP_ID_SIZE, GROUP_SECRET_SIZE, MAX_WORLD_SIZE, Role
 
 S = TypeVar("S", bound=Enum)
 
@@ -110,6 +110,12 @@ class GroupConfig:
     params: GroupParams | None = None
     max_fan_in: int | None = None
 
+    def __post_init__(self) -> None:
+        if not 1 <= self.world_size <= MAX_WORLD_SIZE:
+            raise ValueError(f"world_size {self.world_size} is outside 1..{MAX_WORLD_SIZE}")
+        if self.max_fan_in is not None and self.max_fan_in < 2:
+            raise ValueError("a fan-in bound must be at least 2")
+
 
 @dataclass(frozen=True, slots=True)
 class RendezvousConfig:
@@ -121,9 +127,10 @@ class RendezvousConfig:
     max_fan_in: int = DEFAULT_FAN_IN
 
     def __post_init__(self) -> None:
-        bounds = [self.max_fan_in, *(g.max_fan_in for g in self.groups.values() if g.max_fan_in)]
-        if min(bounds) < 2:
+        if self.max_fan_in < 2:
             raise ValueError("a fan-in bound must be at least 2")
+        if any(len(group_id) != GROUP_ID_SIZE for group_id in self.groups):
+            raise ValueError(f"group ids are {GROUP_ID_SIZE} bytes")
 
 
 # --- states and transitions --------------------------------------------------------
@@ -492,7 +499,6 @@ class RendezvousMachine:
                 if not self.config.create_groups_on_join:
                     raise CcoError(ErrorCode.UNKNOWN_GROUP, "no such group")
                 group = self._new_group(request.group_id, request.world_size, request.credential, epoch=1)
-                self._groups[request.group_id] = group
             elif group.state is GroupState.CLOSED and request.group_id not in self.config.groups:
                 group.world_size, group.credential = request.world_size, request.credential
             self._check_join(group, peer, request)
@@ -503,6 +509,7 @@ class RendezvousMachine:
                 )
             )
             return
+        self._groups.setdefault(group.group_id, group)  # a group created by this join exists from now on
         if group.state is GroupState.CLOSED:
             group.state = _move(GROUP_TABLE, group.state, "reopen")
             group.epoch += 1
