@@ -98,14 +98,17 @@ def element_type(code: DType) -> ElementType:
 def bfloat16_patterns(values: np.ndarray) -> np.ndarray:
     """The bfloat16 bit patterns (as int16) of ``values`` rounded half to even.
 
-    NaN stays NaN (a quiet NaN with the input's sign) rather than rounding into an
-    infinity, which the naive carry trick would do for NaNs with a low payload.
+    A NaN is truncated, not rounded (rounding could carry it into an infinity), so
+    a bfloat16 NaN keeps its exact pattern; a float32 NaN whose payload lies only
+    in the dropped bits becomes a quiet NaN with the same sign.
     """
     bits = np.ascontiguousarray(values, dtype="<f4").view("<u4")
     rounded = (bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)
     nan = np.isnan(values)
     if nan.any():
-        rounded = np.where(nan, (bits >> np.uint32(16)) | np.uint32(0x0040), rounded)
+        truncated = bits >> np.uint32(16)
+        lost_payload = (truncated & np.uint32(0x7F)) == 0
+        rounded = np.where(nan, np.where(lost_payload, truncated | np.uint32(0x40), truncated), rounded)
     patterns: np.ndarray = rounded.astype("<u2").view("<i2")
     return patterns
 
