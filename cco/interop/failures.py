@@ -1054,6 +1054,23 @@ def _rule_failures() -> list[Failure]:
             b"\x04\x00",
         ),
         f(
+            "tree-assignment-rank-beyond-world",
+            "tree-assignment-root",
+            "expected is 1f (ranks 0..4) but world_size is 4: every bitmap of a TreeAssignment "
+            "names ranks below world_size.",
+            "set expected (key 4) to h'1f'",
+            (4,),
+            b"\x1f",
+        ),
+        f(
+            "tree-assignment-child-rank-beyond-world",
+            "tree-assignment-root",
+            "children[1].ranks is 14 (ranks 2 and 4) but world_size is 4.",
+            "set children[1].ranks (key 5, index 1, key 3) to h'14'",
+            (5, 1, 3),
+            b"\x14",
+        ),
+        f(
             "bitmap-trailing-zero-nested",
             "tree-assignment-root",
             "children[0].ranks is 03 00: a trailing zero byte inside a nested structure.",
