@@ -563,8 +563,8 @@ class RendezvousMachine:
             group_id=group_id,
             world_size=world_size,
             credential=credential,
-            params=(cfg.params if cfg and cfg.params else None) or self.config.params,
-            max_fan_in=(cfg.max_fan_in if cfg and cfg.max_fan_in else None) or self.config.max_fan_in,
+            params=cfg.params if cfg and cfg.params else self.config.params,
+            max_fan_in=cfg.max_fan_in if cfg and cfg.max_fan_in else self.config.max_fan_in,
             secret=self._secret(),
             epoch=epoch,
         )
