@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
@@ -70,6 +71,8 @@ from cco.wire.messages import (
     encode_message,
 )
 from cco.wire.registries import ALPN, MessageType, Role
+
+logger = logging.getLogger(__name__)
 
 CONTROL_STREAM_ID = 0
 DATA_MESSAGES = (ChunkMessage, ChunkAck, RetransmitRequest, Abort)
@@ -325,9 +328,17 @@ class LinkProtocol(QuicConnectionProtocol):
             self._terminated.set()
             for callback in self._on_terminated:
                 callback()
-        elif self._close_reason is not None:
-            return
-        elif isinstance(event, events.HandshakeCompleted):
+        elif self._close_reason is None:
+            try:
+                self._on_event(event)
+            except Exception:
+                # A bug of ours must cost this connection, not the event loop's callback
+                # (which, on a server, is shared by every connection).
+                logger.exception("internal error on CCO link; closing it")
+                self.fail(ErrorCode.INTERNAL_ERROR, "internal error")
+
+    def _on_event(self, event: events.QuicEvent) -> None:
+        if isinstance(event, events.HandshakeCompleted):
             self._on_handshake_completed(event)
         elif isinstance(event, events.StreamDataReceived):
             self._on_stream_data(event.stream_id, event.data, event.end_stream)
