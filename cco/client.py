@@ -154,7 +154,7 @@ class Communicator:
         await self.start(CollectiveRequest(kind=Collective.BARRIER, **kw))
 
     async def all_gather(self, array: np.ndarray, **kw: Any) -> np.ndarray:
-        """Every rank gets the concatenation of every rank's ``array``, in rank order."""
+        """Every rank gets shape ``(world_size, *array.shape)``: row ``r`` is rank ``r``'s array."""
         return _present(await self.start(CollectiveRequest(kind=Collective.ALL_GATHER, array=array, **kw)))
 
     async def reduce_scatter(self, array: np.ndarray, op: ReduceOp = ReduceOp.SUM, **kw: Any) -> np.ndarray:

@@ -57,7 +57,7 @@ class TransitionTable(Generic[S]):
             ) from None
 
     def to_ascii(self) -> str:
-        """One line per transition, sorted by state order: the draft's figure."""
+        """One line per transition, states in order of first appearance: the draft's figure."""
         width = max((len(s.name) for s in self.states), default=0)
         lines = [f"{self.name}:"]
         for state in self.states:

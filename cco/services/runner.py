@@ -63,12 +63,15 @@ class MachineRunner:
         self._tasks: set[asyncio.Task[None]] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._next_inbound = 0
+        self._closing = False
         self.closed = asyncio.Event()
 
     # --- inputs --------------------------------------------------------------------
 
     def dispatch(self, event: Input) -> None:
         """Hand one input to the machine and carry out what it asks for."""
+        if self._closing:
+            return  # a closing node neither decides nor sends anything more
         try:
             commands = self.machine.handle(event, self.clock())
         except CcoError as exc:  # the machines refuse local misuse this way
@@ -168,14 +171,18 @@ class MachineRunner:
             log.error("runner task failed", exc_info=task.exception())
 
     async def close(self, code: ErrorCode = ErrorCode.SHUTTING_DOWN, detail: str = "shutting down") -> None:
-        """Close every link and stop every task; the machine sees the disconnects."""
+        """Close every link and stop every task; nothing is dispatched after this starts."""
+        self._closing = True
         if self._timer is not None:
             self._timer.cancel()
-        for link in list(self._links.values()):
+        links = list(self._links.values())
+        for link in links:
             link.close(code, detail)
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        while self._tasks:
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        for link in links:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(link.wait_closed(), 2.0)
         self.closed.set()
