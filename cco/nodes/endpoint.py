@@ -135,16 +135,13 @@ SESSION_TABLE: TransitionTable[SessionState] = TransitionTable(
         _S.JOINING: _moves(
             _S.JOINING, {"JoinAccept": _S.ACCEPTED, "JoinReject": _S.REJECTED, ERROR_RENDEZVOUS: _S.REJECTED}
         ),
-        _S.ACCEPTED: _moves(
-            _S.ACCEPTED, {TREE_DIAL: _S.CONNECTING, TREE_CONNECTED: _S.READY, "EpochChange": _S.ACCEPTED}
-        ),
+        _S.ACCEPTED: _moves(_S.ACCEPTED, {TREE_DIAL: _S.CONNECTING, "EpochChange": _S.ACCEPTED}),
         _S.CONNECTING: _moves(
             _S.CONNECTING,
             {
                 PARENT_CONNECTED: _S.READY,
                 PARENT_LOST: _S.CONNECTING,
                 TREE_DIAL: _S.CONNECTING,
-                TREE_CONNECTED: _S.READY,
                 "EpochChange": _S.ACCEPTED,
             },
         ),
@@ -174,11 +171,9 @@ SESSION_TABLE: TransitionTable[SessionState] = TransitionTable(
             _S.RECONNECTING,
             {
                 START: _S.RECONNECTING,
-                **dict.fromkeys(_DATA, _S.RECONNECTING),
                 PARENT_CONNECTED: _S.READY,
                 PARENT_LOST: _S.RECONNECTING,
                 TREE_DIAL: _S.RECONNECTING,
-                TREE_CONNECTED: _S.READY,
                 "EpochChange": _S.REPLANNING,
             },
         ),
@@ -203,7 +198,7 @@ _ENDINGS = {BAD_CHUNK: _O.FAILED, ABORTED: _O.FAILED, DEADLINE: _O.FAILED, LOST:
 OPERATION_TABLE: TransitionTable[OperationState] = TransitionTable(
     "endpoint operation",
     {
-        _O.QUEUED: {SENT: _O.SENDING, ALL_SENT: _O.AWAITING, DUPLICATE: _O.QUEUED, **_ENDINGS},
+        _O.QUEUED: {SENT: _O.SENDING, ALL_SENT: _O.AWAITING, **_ENDINGS},
         _O.SENDING: {
             SENT: _O.SENDING,
             ALL_SENT: _O.AWAITING,
@@ -216,6 +211,7 @@ OPERATION_TABLE: TransitionTable[OperationState] = TransitionTable(
 )
 
 TABLES = (SESSION_TABLE, OPERATION_TABLE)
+_FINISHED = (OperationState.COMPLETED, OperationState.FAILED)
 
 
 # --- the public pieces --------------------------------------------------------------
@@ -449,10 +445,13 @@ class EndpointMachine:
         out: list[Command] = []
         if not sending:
             self._op_event(operation, ALL_SENT)
-        for message in self._early.pop(op_id, []):
-            self._early_count -= 1
+        early = self._early.pop(op_id, [])
+        self._early_count -= len(early)
+        for message in early:
+            if operation.state in _FINISHED:
+                break
             out += self._on_op_message(operation, message, now)
-        if operation.state not in (OperationState.COMPLETED, OperationState.FAILED):
+        if operation.state not in _FINISHED:
             out += self._pump(now)
         return op_id, out
 
@@ -554,7 +553,8 @@ class EndpointMachine:
         if event.peer != self._parent or not self._session_event(PARENT_LOST):
             return []
         self._parent_up = False
-        self._retry_at = now + self.config.retry_interval
+        if self._state in (SessionState.CONNECTING, SessionState.RECONNECTING):
+            self._retry_at = now + self.config.retry_interval
         return self._fail_all(
             ErrorCode.PEER_LOST, f"connection to parent {self._parent_node} lost ({event.code.name})", None
         )
@@ -587,6 +587,8 @@ class EndpointMachine:
             message.group_id != self.config.group_id
         ):
             return [_refuse(self._rendezvous, message, ErrorCode.UNKNOWN_GROUP, "not this session's group")]
+        if isinstance(message, TreeAssignment) and message.parent is None:
+            return [_refuse(self._rendezvous, message, ErrorCode.INVALID_FIELD, "an endpoint needs a parent")]
         if isinstance(message, TreeAssignment | EpochChange) and message.epoch < self._epoch:
             return [
                 _refuse(
@@ -613,6 +615,9 @@ class EndpointMachine:
             return self._on_tree(message, name, now)
         if isinstance(message, EpochChange):
             return self._on_epoch_change(message)
+        if self._state is SessionState.REJECTED:  # an Error answered the JoinRequest
+            assert isinstance(message, Error)
+            return [ClosePeer(self._rendezvous, message.code, f"join refused: {message.detail}")]
         return []  # Heartbeat or a report: liveness already noted
 
     def _on_accept(self, message: JoinAccept, now: float) -> list[Command]:
@@ -641,8 +646,7 @@ class EndpointMachine:
         if event == TREE_CONNECTED:
             return out + self._pump(now)
         out += self._drop_parent("parent changed")
-        if message.parent is None:
-            return out  # an endpoint always has a parent: wait for a usable assignment
+        assert message.parent is not None
         self._dials += 1
         self._parent = f"parent/{self._epoch}/{self._dials}"
         self._parent_node = message.parent.node_id

@@ -1,0 +1,843 @@
+"""The endpoint session on its own: the test plays the rendezvous and the parent.
+
+Results are built the way a tree would build them: the session's own sealed
+Contribution combined with chunks the test seals for the other ranks with the
+group keys.  The last tests drive every (state, input) pair of the session table
+and random input sequences through the operation table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cco.nodes import endpoint as ep
+from cco.nodes.endpoint import (
+    OPERATION_TABLE,
+    SESSION_TABLE,
+    CollectiveRequest,
+    EndpointConfig,
+    EndpointMachine,
+    OperationError,
+    OperationState,
+    SessionState,
+)
+from cco.nodes.events import (
+    ClosePeer,
+    Command,
+    ConnectTo,
+    Input,
+    Joined,
+    MessageReceived,
+    OperationCompleted,
+    OperationFailed,
+    PeerConnected,
+    PeerDisconnected,
+    SendMessage,
+    TimerFired,
+)
+from cco.nodes.fsm import TransitionTable
+from cco.wire import payload
+from cco.wire.errors import CcoError, ErrorCode
+from cco.wire.fields import bitmap_from_ranks
+from cco.wire.messages import (
+    Abort,
+    Address,
+    BroadcastData,
+    ChunkMessage,
+    Contribution,
+    EpochChange,
+    Error,
+    GroupParams,
+    Heartbeat,
+    JoinAccept,
+    JoinReject,
+    JoinRequest,
+    Leave,
+    Message,
+    NodeRef,
+    Result,
+    TreeAssignment,
+)
+from cco.wire.registries import Collective, DType, ReduceOp, Role
+
+GROUP = bytes.fromhex("c3" * 16)
+SECRET = bytes(range(100, 132))
+KEYS = payload.derive_group_keys(SECRET, GROUP)
+WORLD = 4
+RANK = 1
+PARAMS = GroupParams(chunk_elements=4, window=2, heartbeat_interval_ms=600_000, operation_timeout_ms=1000)
+PARENT = NodeRef(
+    node_id="leaf", address=Address(host="leaf.test", port=4433), ranks=bitmap_from_ranks([0, 1])
+)
+PARENT2 = NodeRef(node_id="leaf2", address=Address(host="leaf2.test", port=4433), ranks=PARENT.ranks)
+
+M = TypeVar("M", bound=Message)
+
+
+def sent(commands: list[Command], peer: str | None = None, kind: type[M] = Message) -> list[M]:  # type: ignore[assignment]
+    return [
+        c.message
+        for c in commands
+        if isinstance(c, SendMessage) and (peer is None or c.peer == peer) and isinstance(c.message, kind)
+    ]
+
+
+def failures(commands: list[Command]) -> list[OperationError]:
+    out = []
+    for c in commands:
+        if isinstance(c, OperationFailed):
+            assert isinstance(c.error, OperationError)
+            out.append(c.error)
+    return out
+
+
+def tree(epoch: int = 1, parent: NodeRef = PARENT, params: GroupParams = PARAMS) -> TreeAssignment:
+    return TreeAssignment(
+        group_id=GROUP,
+        epoch=epoch,
+        world_size=WORLD,
+        expected=bitmap_from_ranks([RANK]),
+        children=(),
+        params=params,
+        parent=parent,
+    )
+
+
+def accept(params: GroupParams = PARAMS) -> JoinAccept:
+    return JoinAccept(
+        group_id=GROUP, rank=RANK, world_size=WORLD, epoch=1, group_secret=SECRET, params=params
+    )
+
+
+def others(
+    message: ChunkMessage, values: Callable[[int, int], int] = lambda rank, i: rank
+) -> list[ChunkMessage]:
+    """The other ranks' chunks matching ``message`` (rank r sends values(r, i))."""
+    header = payload.ChunkHeader.of(message)
+    return [
+        payload.seal(
+            KEYS, header, r, np.array([values(r, i) for i in range(header.element_count)], dtype=np.int64)
+        )
+        for r in range(WORLD)
+        if r != RANK
+    ]
+
+
+def result_for(
+    message: ChunkMessage, values: Callable[[int, int], int] = lambda rank, i: rank
+) -> ChunkMessage:
+    """The Result a tree would return for this rank's Contribution."""
+    return payload.combine([message, *others(message, values)], Result)
+
+
+def root_chunks(values: np.ndarray, op_id: int, epoch: int = 1) -> list[ChunkMessage]:
+    """Rank 0's BroadcastData chunks of int64 ``values``, as the root would seal them."""
+    wire = payload.encode_values(values, DType.INT64, Collective.BROADCAST, 0, WORLD)
+    chunks = []
+    for index in range(max(1, -(-wire.size // 4))):
+        header = payload.ChunkHeader(
+            group_id=GROUP,
+            epoch=epoch,
+            op_id=op_id,
+            kind=Collective.BROADCAST,
+            op=ReduceOp.SUM,
+            dtype=DType.INT64,
+            scale=0,
+            total_elements=wire.size,
+            chunk_elements=4,
+            chunk_index=index,
+            root=0,
+        )
+        chunks.append(payload.seal(KEYS, header, 0, wire[index * 4 : index * 4 + 4], BroadcastData))
+    return chunks
+
+
+def int_header(op_id: int, epoch: int, total: int) -> payload.ChunkHeader:
+    """Chunk 0 of an int32 SUM all-reduce of ``total`` elements."""
+    return payload.ChunkHeader(
+        group_id=GROUP,
+        epoch=epoch,
+        op_id=op_id,
+        kind=Collective.ALL_REDUCE,
+        op=ReduceOp.SUM,
+        dtype=DType.INT32,
+        scale=0,
+        total_elements=total,
+        chunk_elements=4,
+        chunk_index=0,
+    )
+
+
+@dataclass
+class Rig:
+    """One endpoint session, its clock, and the peers the test plays."""
+
+    machine: EndpointMachine = field(
+        default_factory=lambda: EndpointMachine(
+            EndpointConfig(group_id=GROUP, world_size=WORLD, credential=b"pw", rank=RANK, labels=("rack1",))
+        )
+    )
+    now: float = 0.0
+    parent: str | None = None
+
+    def feed(self, event: Input) -> list[Command]:
+        out = self.machine.handle(event, self.now)
+        assert isinstance(self.machine.state, SessionState)
+        return out
+
+    def rendezvous(self, message: Message) -> list[Command]:
+        return self.feed(MessageReceived("rv", message))
+
+    def from_parent(self, message: Message) -> list[Command]:
+        assert self.parent is not None
+        return self.feed(MessageReceived(self.parent, message))
+
+    def timer(self, at: float) -> list[Command]:
+        self.now = at
+        return self.feed(TimerFired())
+
+    def start(self, request: CollectiveRequest) -> tuple[int, list[Command]]:
+        return self.machine.start(request, self.now)
+
+    def join(self, params: GroupParams = PARAMS) -> list[Command]:
+        """IDLE -> READY; returns every command on the way."""
+        out = self.feed(PeerConnected("rv", "rendezvous", Role.RENDEZVOUS))
+        out += self.rendezvous(accept(params))
+        dial = self.rendezvous(tree(params=params))
+        (connect,) = [c for c in dial if isinstance(c, ConnectTo)]
+        self.parent = connect.peer
+        out += dial + self.feed(PeerConnected(connect.peer, "leaf", Role.AGGREGATOR))
+        return out
+
+
+def joined() -> Rig:
+    rig = Rig()
+    rig.join()
+    return rig
+
+
+def int_request(
+    values: list[int], kind: Collective = Collective.ALL_REDUCE, **kw: object
+) -> CollectiveRequest:
+    return CollectiveRequest(kind=kind, array=np.array(values, dtype=np.int32), **kw)  # type: ignore[arg-type]
+
+
+# --- joining ----------------------------------------------------------------------
+
+
+def test_join_flow() -> None:
+    rig = Rig()
+    out = rig.feed(PeerConnected("rv", "rendezvous", Role.RENDEZVOUS))
+    assert sent(out, "rv") == [
+        JoinRequest(group_id=GROUP, world_size=WORLD, credential=b"pw", rank=RANK, labels=("rack1",))
+    ]
+    assert rig.rendezvous(accept()) == [] and rig.machine.state is SessionState.ACCEPTED
+    out = rig.rendezvous(tree())
+    (dial,) = out
+    assert isinstance(dial, ConnectTo) and dial.expected_node_id == "leaf" and dial.address == PARENT.address
+    assert rig.machine.state is SessionState.CONNECTING
+    out = rig.feed(PeerConnected(dial.peer, "leaf", Role.AGGREGATOR))
+    assert out == [Joined(GROUP, RANK, WORLD, 1)]
+    assert rig.machine.state is SessionState.READY and rig.machine.rank == RANK
+    assert rig.machine.members == frozenset(range(WORLD))
+
+
+def test_join_reject_ends_the_session() -> None:
+    rig = Rig()
+    rig.feed(PeerConnected("rv", "rendezvous", Role.RENDEZVOUS))
+    out = rig.rendezvous(JoinReject(group_id=GROUP, code=ErrorCode.BAD_CREDENTIAL, detail="no"))
+    assert next(c for c in out if isinstance(c, ClosePeer)).code is ErrorCode.BAD_CREDENTIAL
+    assert rig.machine.state is SessionState.REJECTED
+    with pytest.raises(CcoError) as info:
+        rig.start(int_request([1]))
+    assert info.value.code is ErrorCode.PROTOCOL_VIOLATION
+
+
+def test_join_into_a_running_group_waits_for_the_next_epoch() -> None:
+    rig = Rig()
+    rig.feed(PeerConnected("rv", "rendezvous", Role.RENDEZVOUS))
+    rig.rendezvous(accept())
+    rig.rendezvous(
+        EpochChange(group_id=GROUP, epoch=2, members=bitmap_from_ranks(range(WORLD)), code=ErrorCode.NO_ERROR)
+    )
+    assert rig.machine.state is SessionState.ACCEPTED and rig.machine.epoch == 2
+    assert [e.code for e in sent(rig.rendezvous(tree(epoch=1)), "rv", Error)] == [ErrorCode.STALE_EPOCH]
+    (dial,) = rig.rendezvous(tree(epoch=2))
+    assert isinstance(dial, ConnectTo)
+    assert rig.feed(PeerConnected(dial.peer, "leaf", Role.AGGREGATOR)) == [Joined(GROUP, RANK, WORLD, 2)]
+
+
+# --- collectives ----------------------------------------------------------------------
+
+
+def test_window_self_clocks_and_result_is_verified() -> None:
+    rig = joined()
+    values = list(range(20))  # five chunks of four
+    op_id, out = rig.start(int_request(values))
+    first = sent(out, rig.parent, Contribution)
+    assert [c.chunk_index for c in first] == [0, 1] and rig.machine.outstanding == 2
+    pending = {c.chunk_index: c for c in first}
+    done: list[Command] = []
+    order = [1, 0, 3, 2, 4]
+    for index in order:
+        while index not in pending:
+            pytest.fail(f"chunk {index} was never sent")
+        out = rig.from_parent(result_for(pending[index]))
+        for c in sent(out, rig.parent, Contribution):
+            pending[c.chunk_index] = c
+        assert rig.machine.outstanding <= PARAMS.window
+        done += out
+    (completed,) = [c for c in done if isinstance(c, OperationCompleted)]
+    assert completed.op_id == op_id
+    assert completed.result is not None
+    assert completed.result.tolist() == [v + 0 + 2 + 3 for v in values]  # ranks 0, 2, 3 send their rank
+    assert completed.result.dtype == np.int32 and rig.machine.outstanding == 0
+
+
+def test_duplicate_results_do_not_count_twice() -> None:
+    rig = joined()
+    _, out = rig.start(int_request([5, 5, 5, 5]))
+    (contribution,) = sent(out, rig.parent, Contribution)
+    result = result_for(contribution)
+    (completed,) = rig.from_parent(result)
+    assert isinstance(completed, OperationCompleted) and completed.result is not None
+    assert completed.result.tolist() == [10] * 4
+    assert rig.from_parent(result) == []  # late duplicate of a finished operation
+
+
+def test_tampered_result_fails_verification_and_tells_the_tree() -> None:
+    rig = joined()
+    op_id, out = rig.start(int_request([1, 2, 3, 4, 5, 6, 7, 8]))
+    contributions = sent(out, rig.parent, Contribution)
+    good = result_for(contributions[0])
+    flipped = bytes([good.payload[0] ^ 1]) + good.payload[1:]
+    bad = dataclasses.replace(good, payload=flipped)
+    out = rig.from_parent(bad)
+    (error,) = failures(out)
+    assert error.code is ErrorCode.VERIFICATION_FAILED and error.op_id == op_id
+    assert GROUP.hex() in str(error) and "ALL_REDUCE" in str(error)
+    (abort,) = sent(out, rig.parent, Abort)
+    assert abort.code is ErrorCode.VERIFICATION_FAILED and abort.op_id == op_id
+    assert rig.machine.outstanding == 0 and rig.machine.operation_state(op_id) is None
+    _, out = rig.start(int_request([1]))  # the next operation is not stuck behind it
+    assert len(sent(out, rig.parent, Contribution)) == 1
+
+
+def test_result_missing_a_rank_fails_verification() -> None:
+    rig = joined()
+    _, out = rig.start(int_request([1, 1, 1, 1]))
+    (contribution,) = sent(out, rig.parent, Contribution)
+    partial = payload.combine([contribution, *others(contribution)[:2]], Result)  # rank 3 absent
+    (error,) = failures(rig.from_parent(partial))
+    assert error.code is ErrorCode.VERIFICATION_FAILED and "missing ranks [3]" in str(error)
+
+
+def test_deadline_names_group_operation_and_missing_chunks() -> None:
+    rig = joined()
+    op_id, out = rig.start(int_request(list(range(8))))
+    (first, _) = sent(out, rig.parent, Contribution)
+    rig.from_parent(result_for(first))
+    out: list[Command] = []
+    while not failures(out):
+        deadline = rig.machine.next_deadline()
+        assert deadline is not None
+        out = rig.timer(deadline)
+    assert rig.now == pytest.approx(1.0 + 600.0)  # the group's operation timeout plus a heartbeat interval
+    (error,) = failures(out)
+    assert error.code is ErrorCode.TIMEOUT and error.missing_chunks == (1,)
+    assert error.missing_ranks is None and "missing ranks unknown" in str(error)
+    assert f"group {GROUP.hex()} op {op_id} ALL_REDUCE" in str(error)
+    (abort,) = sent(out, rig.parent, Abort)
+    assert abort.code is ErrorCode.TIMEOUT
+
+
+def test_per_operation_timeout() -> None:
+    rig = joined()
+    _, _ = rig.start(int_request([1], timeout=0.25))
+    assert rig.machine.next_deadline() == pytest.approx(0.25)
+    (error,) = failures(rig.timer(0.25))
+    assert error.code is ErrorCode.TIMEOUT
+
+
+def test_abort_from_the_tree_names_missing_ranks() -> None:
+    rig = joined()
+    op_id, _ = rig.start(int_request([1, 2]))
+    abort = Abort(
+        group_id=GROUP,
+        epoch=1,
+        op_id=op_id,
+        code=ErrorCode.TIMEOUT,
+        detail="slot",
+        missing=bitmap_from_ranks([3]),
+    )
+    (error,) = failures(rig.from_parent(abort))
+    assert error.code is ErrorCode.TIMEOUT and error.missing_ranks == frozenset({3})
+    assert "missing ranks {3}" in str(error)
+
+
+def test_epoch_change_fails_in_flight_operations_naming_lost_ranks() -> None:
+    rig = joined()
+    op_id, _ = rig.start(int_request([1, 2]))
+    change = EpochChange(
+        group_id=GROUP, epoch=2, members=bitmap_from_ranks([0, 1, 3]), code=ErrorCode.PEER_LOST
+    )
+    (error,) = failures(rig.rendezvous(change))
+    assert (
+        error.code is ErrorCode.PEER_LOST and error.missing_ranks == frozenset({2}) and error.op_id == op_id
+    )
+    assert rig.machine.state is SessionState.REPLANNING
+    next_op, out = rig.start(int_request([4, 4, 4, 4]))  # queued until the new tree is up
+    assert next_op == op_id + 1 and sent(out) == []
+    out = rig.rendezvous(tree(epoch=2))  # same parent, still connected
+    assert rig.machine.state is SessionState.READY
+    (contribution,) = sent(out, rig.parent, Contribution)
+    assert contribution.epoch == 2
+    three = payload.combine(
+        [contribution, *[c for c in others(contribution) if c.contributors != bitmap_from_ranks([2])]], Result
+    )
+    (completed,) = rig.from_parent(three)
+    assert isinstance(completed, OperationCompleted) and completed.result is not None
+    assert completed.result.tolist() == [4 + 0 + 3] * 4
+
+
+def test_average_divides_by_members() -> None:
+    rig = joined()
+    _, out = rig.start(int_request([10, 11, 12, 13], op=ReduceOp.AVG))
+    (contribution,) = sent(out, rig.parent, Contribution)
+    (completed,) = rig.from_parent(result_for(contribution, lambda rank, i: 10 + i))
+    assert isinstance(completed, OperationCompleted) and completed.result is not None
+    assert completed.result.tolist() == [10, 11, 12, 13]
+
+
+def test_parent_loss_fails_operations_and_redials() -> None:
+    rig = joined()
+    rig.start(int_request([1]))
+    assert rig.parent is not None
+    out = rig.feed(PeerDisconnected(rig.parent, ErrorCode.PEER_LOST))
+    (error,) = failures(out)
+    assert error.code is ErrorCode.PEER_LOST and rig.machine.state is SessionState.RECONNECTING
+    redial = [c for c in rig.timer(1.0) if isinstance(c, ConnectTo)]
+    assert len(redial) == 1 and redial[0].expected_node_id == "leaf"
+    rig.feed(PeerConnected(redial[0].peer, "leaf", Role.AGGREGATOR))
+    assert rig.machine.state is SessionState.READY
+
+
+def test_leave_tells_the_rendezvous_and_fails_what_is_in_flight() -> None:
+    rig = joined()
+    rig.start(int_request([1]))
+    out = rig.machine.leave(rig.now)
+    assert sent(out, "rv") == [Leave(group_id=GROUP, rank=RANK, code=ErrorCode.NO_ERROR)]
+    assert {c.peer for c in out if isinstance(c, ClosePeer)} == {"rv", rig.parent}
+    assert [e.code for e in failures(out)] == [ErrorCode.ABORTED]
+    assert rig.machine.state is SessionState.LEFT and rig.machine.leave(rig.now) == []
+
+
+def test_heartbeats_and_rendezvous_loss() -> None:
+    rig = Rig()
+    rig.join(GroupParams(chunk_elements=4, window=2, heartbeat_interval_ms=100, operation_timeout_ms=60_000))
+    assert sent(rig.timer(0.1), "rv", Heartbeat)
+    rig.rendezvous(Heartbeat(seq=7))
+    rig.start(int_request([1]))
+    out: list[Command] = []
+    while rig.machine.state is SessionState.READY:
+        deadline = rig.machine.next_deadline()
+        assert deadline is not None
+        out = rig.timer(deadline)
+    assert rig.now == pytest.approx(0.4) and rig.machine.state is SessionState.CLOSED
+    assert [e.code for e in failures(out)] == [ErrorCode.PEER_LOST]
+
+
+def test_unencodable_input_fails_the_operation_and_keeps_op_ids_aligned() -> None:
+    rig = joined()
+    request = CollectiveRequest(kind=Collective.ALL_REDUCE, array=np.array([1.0, np.nan], dtype=np.float32))
+    op_id, out = rig.start(request)
+    (error,) = failures(out)
+    assert error.code is ErrorCode.OVERFLOW and error.missing_ranks == frozenset({RANK})
+    (abort,) = sent(out, rig.parent, Abort)
+    assert abort.missing == bitmap_from_ranks([RANK])
+    assert rig.start(int_request([1]))[0] == op_id + 1
+
+
+@pytest.mark.parametrize(
+    ("request_", "code"),
+    [
+        (CollectiveRequest(kind=Collective.REDUCE, array=np.zeros(2, np.int32)), ErrorCode.INVALID_FIELD),
+        (
+            CollectiveRequest(kind=Collective.BROADCAST, array=np.zeros(2, np.int32), root=9),
+            ErrorCode.INVALID_FIELD,
+        ),
+        (
+            CollectiveRequest(kind=Collective.ALL_REDUCE, array=np.zeros(2, np.uint8)),
+            ErrorCode.UNSUPPORTED_FEATURE,
+        ),
+        (
+            CollectiveRequest(kind=Collective.REDUCE_SCATTER, array=np.zeros(6, np.int32)),
+            ErrorCode.INVALID_FIELD,
+        ),
+        (
+            CollectiveRequest(kind=Collective.ALL_GATHER, op=ReduceOp.MAX, array=np.zeros(2, np.int32)),
+            ErrorCode.INVALID_FIELD,
+        ),
+        (
+            CollectiveRequest(kind=Collective.ALL_REDUCE, op=ReduceOp.BXOR, array=np.zeros(2, np.float32)),
+            ErrorCode.UNSUPPORTED_FEATURE,
+        ),
+        (
+            CollectiveRequest(kind=Collective.ALL_REDUCE, array=np.zeros(2, np.int32), scale=3),
+            ErrorCode.INVALID_FIELD,
+        ),
+        (CollectiveRequest(kind=Collective.ALL_REDUCE), ErrorCode.INVALID_FIELD),
+        (CollectiveRequest(kind=Collective.BARRIER, timeout=0), ErrorCode.INVALID_FIELD),
+    ],
+)
+def test_misuse_raises_without_consuming_an_op_id(request_: CollectiveRequest, code: ErrorCode) -> None:
+    rig = joined()
+    with pytest.raises(CcoError) as info:
+        rig.start(request_)
+    assert info.value.code is code
+    assert rig.start(CollectiveRequest(kind=Collective.BARRIER))[0] == 0
+
+
+def test_broadcast_root_is_clocked_by_its_own_data() -> None:
+    rig = joined()
+    data = np.arange(10, dtype=np.float32) / 3
+    op_id, out = rig.start(CollectiveRequest(kind=Collective.BROADCAST, array=data, root=RANK))
+    chunks = sent(out, rig.parent, BroadcastData)
+    assert [c.chunk_index for c in chunks] == [0, 1]
+    done: list[Command] = []
+    while chunks:
+        message = chunks.pop(0)
+        out = rig.from_parent(message)
+        chunks += sent(out, rig.parent, BroadcastData)
+        done += out
+    (completed,) = [c for c in done if isinstance(c, OperationCompleted)]
+    assert completed.op_id == op_id and completed.result is not None
+    assert completed.result.tobytes() == data.tobytes()
+
+
+def test_broadcast_receiver_keeps_chunks_that_arrive_before_it_starts() -> None:
+    rig = joined()
+    data = np.array([3, -1, 4, 1, -5, 9], dtype=np.int64)  # twelve wire integers: three chunks
+    chunks = root_chunks(data, op_id=0)
+    assert rig.from_parent(chunks[2]) == [] and rig.from_parent(chunks[0]) == []
+    op_id, out = rig.start(CollectiveRequest(kind=Collective.BROADCAST, root=0, dtype=DType.INT64))
+    assert sent(out) == [] and rig.machine.operation_state(op_id) is OperationState.AWAITING
+    (completed,) = rig.from_parent(chunks[1])
+    assert isinstance(completed, OperationCompleted) and completed.result is not None
+    assert completed.result.tolist() == data.tolist()
+
+
+def test_reduce_non_root_gets_none_and_barrier_gets_none() -> None:
+    rig = joined()
+    _, out = rig.start(int_request([1, 2], kind=Collective.REDUCE, root=0))
+    (contribution,) = sent(out, rig.parent, Contribution)
+    (completed,) = rig.from_parent(result_for(contribution))
+    assert isinstance(completed, OperationCompleted) and completed.result is None
+    _, out = rig.start(CollectiveRequest(kind=Collective.BARRIER))
+    (contribution,) = sent(out, rig.parent, Contribution)
+    assert contribution.total_elements == 0 and contribution.dtype is DType.INT8
+    (completed,) = rig.from_parent(result_for(contribution))
+    assert isinstance(completed, OperationCompleted) and completed.result is None
+
+
+def test_operations_leave_in_call_order_sharing_one_window() -> None:
+    rig = joined()
+    a, out_a = rig.start(int_request(list(range(12))))  # three chunks
+    b, out_b = rig.start(int_request([7, 7, 7, 7]))
+    assert [c.op_id for c in sent(out_a + out_b, rig.parent, Contribution)] == [a, a]
+    assert rig.machine.operation_state(b) is OperationState.QUEUED
+    (first, second) = sent(out_a, rig.parent, Contribution)
+    out = rig.from_parent(result_for(first))
+    assert [(c.op_id, c.chunk_index) for c in sent(out, rig.parent, Contribution)] == [(a, 2)]
+    out = rig.from_parent(result_for(second))
+    assert [(c.op_id, c.chunk_index) for c in sent(out, rig.parent, Contribution)] == [(b, 0)]
+
+
+# --- every (state, input) pair of the session table ---------------------------------------
+
+
+def _session_in(state: SessionState) -> Rig:
+    rig = Rig()
+    if state is SessionState.IDLE:
+        return rig
+    rig.feed(PeerConnected("rv", "rendezvous", Role.RENDEZVOUS))
+    if state is SessionState.REJECTED:
+        rig.rendezvous(JoinReject(group_id=GROUP, code=ErrorCode.GROUP_FULL, detail="full"))
+    elif state is SessionState.ACCEPTED:
+        rig.rendezvous(accept())
+    elif state is SessionState.CONNECTING:
+        rig.rendezvous(accept())
+        (dial,) = rig.rendezvous(tree())
+        assert isinstance(dial, ConnectTo)
+        rig.parent = dial.peer
+    elif state is not SessionState.JOINING:
+        rig.join()
+        assert rig.parent is not None
+        if state is SessionState.REPLANNING:
+            rig.rendezvous(EpochChange(group_id=GROUP, epoch=2, members=b"\x0f", code=ErrorCode.NO_ERROR))
+        elif state is SessionState.RECONNECTING:
+            rig.feed(PeerDisconnected(rig.parent, ErrorCode.PEER_LOST))
+        elif state is SessionState.LEFT:
+            rig.machine.leave(rig.now)
+        elif state is SessionState.CLOSED:
+            rig.feed(PeerDisconnected("rv", ErrorCode.PEER_LOST))
+    assert rig.machine.state is state
+    return rig
+
+
+def _session_input(rig: Rig, event: str, n: int) -> Input | Callable[[], list[Command]]:
+    epoch = rig.machine.epoch
+    parent = rig.parent or "nobody"
+    own = payload.seal(KEYS, int_header(n, epoch, 1), RANK, np.zeros(1, dtype=np.int64))
+    result = dataclasses.replace(result_for(own), tag=(n * 7919) % 1000)
+    inputs: dict[str, Input | Callable[[], list[Command]]] = {
+        ep.RENDEZVOUS_CONNECTED: PeerConnected(f"rv{n}", "rendezvous", Role.RENDEZVOUS),
+        "JoinAccept": MessageReceived("rv", accept()),
+        "JoinReject": MessageReceived("rv", JoinReject(group_id=GROUP, code=ErrorCode.GROUP_FULL, detail="")),
+        ep.ERROR_RENDEZVOUS: MessageReceived("rv", Error(code=ErrorCode.INTERNAL_ERROR, detail=str(n))),
+        "Heartbeat": MessageReceived("rv", Heartbeat(seq=n)),
+        ep.RENDEZVOUS_LOST: PeerDisconnected("rv", ErrorCode.PEER_LOST),
+        ep.LEAVE: lambda: rig.machine.leave(rig.now),
+        ep.TREE_DIAL: MessageReceived("rv", tree(epoch=epoch, parent=PARENT2)),
+        ep.TREE_CONNECTED: MessageReceived("rv", tree(epoch=epoch, parent=PARENT)),
+        ep.PARENT_CONNECTED: PeerConnected(parent, "leaf", Role.AGGREGATOR),
+        ep.PARENT_LOST: PeerDisconnected(parent, ErrorCode.PEER_LOST),
+        "EpochChange": MessageReceived(
+            "rv", EpochChange(group_id=GROUP, epoch=epoch + 1, members=b"\x0f", code=ErrorCode.NO_ERROR)
+        ),
+        ep.START: lambda: rig.start(CollectiveRequest(kind=Collective.BARRIER))[1],
+        "Result": MessageReceived(parent, result),
+        "BroadcastData": MessageReceived(parent, root_chunks(np.arange(3), op_id=n, epoch=epoch)[0]),
+        "Abort": MessageReceived(
+            parent, Abort(group_id=GROUP, epoch=epoch, op_id=n, code=ErrorCode.ABORTED, detail="")
+        ),
+        ep.ERROR_PARENT: MessageReceived(parent, Error(code=ErrorCode.RESOURCE_EXHAUSTED, detail="full")),
+    }
+    return inputs[event]
+
+
+def _session_realised(rig: Rig, event: str) -> str:
+    """TreeAssignment naming the current parent is a dial unless that parent is up."""
+    up = rig.machine.state in (SessionState.READY, SessionState.REPLANNING)
+    if event == ep.TREE_CONNECTED and not up:
+        return ep.TREE_DIAL
+    return event
+
+
+def _drive_session(state: SessionState, event: str, n: int) -> None:
+    rig = _session_in(state)
+    action = _session_input(rig, event, n)
+    actual = _session_realised(rig, event)
+    data_possible = event not in (*ep._DATA, ep.PARENT_CONNECTED, ep.PARENT_LOST) or rig.parent is not None
+    if callable(action):
+        try:
+            out = action()
+        except CcoError as error:
+            assert not SESSION_TABLE.allows(state, event) and error.code is ErrorCode.PROTOCOL_VIOLATION
+            assert rig.machine.state is state
+            return
+    else:
+        out = rig.feed(action)
+    after = rig.machine.state
+    if SESSION_TABLE.allows(state, actual) and data_possible:
+        assert after is SESSION_TABLE.next(state, actual), (state, actual, after)
+    else:
+        assert after is state, (state, event, after)
+        refusals = [m.code for m in sent(out, None, Error)] + [
+            c.code for c in out if isinstance(c, ClosePeer)
+        ]
+        assert not out or (refusals and ErrorCode.NO_ERROR not in refusals), out
+
+
+@pytest.mark.parametrize("state", list(SessionState))
+@pytest.mark.parametrize("event", SESSION_TABLE.events)
+def test_session_table_every_pair(state: SessionState, event: str) -> None:
+    _drive_session(state, event, 1)
+
+
+@given(st.sampled_from(list(SessionState)), st.sampled_from(SESSION_TABLE.events), st.integers(0, 1 << 20))
+@settings(max_examples=200, deadline=None)
+def test_session_table_hypothesis(state: SessionState, event: str, n: int) -> None:
+    _drive_session(state, event, n)
+
+
+def test_session_table_moves_are_all_realised() -> None:
+    seen = {
+        (state, event)
+        for state in SessionState
+        for event in SESSION_TABLE.events
+        if _session_realised(_session_in(state), event) == event
+    }
+    allowed = {(s, e) for s, moves in SESSION_TABLE.table.items() for e in moves}
+    assert allowed <= seen, allowed - seen
+
+
+# --- the operation table: random input sequences -------------------------------------------
+
+_ACTIONS = [
+    "start",
+    "start_receiver",
+    "result",
+    "duplicate",
+    "tampered",
+    "forged",
+    "abort",
+    "deadline",
+    "epoch",
+    "parent",
+]
+
+
+class _Recorder:
+    """Wraps a table's ``next`` to record every (state, event) it is asked for."""
+
+    def __init__(self, table: TransitionTable[OperationState]) -> None:
+        self.table = table
+        self.seen: set[tuple[OperationState, str]] = set()
+        self._next = table.next
+
+    def __call__(self, state: OperationState, event: str) -> OperationState:
+        self.seen.add((state, event))
+        return self._next(state, event)
+
+
+def _run_operations(
+    script: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch | None = None
+) -> set[tuple[OperationState, str]]:
+    recorder = _Recorder(OPERATION_TABLE)
+    patch = monkeypatch or pytest.MonkeyPatch()
+    patch.setattr(OPERATION_TABLE, "next", recorder)
+    try:
+        rig = joined()
+        sent_chunks: dict[tuple[int, int], ChunkMessage] = {}
+        delivered: list[ChunkMessage] = []
+        finished: set[int] = set()
+        broadcast: dict[int, list[ChunkMessage]] = {}
+        started: dict[int, np.ndarray] = {}
+        for action, n in script:
+            rig.rendezvous(Heartbeat(seq=n))  # the rendezvous stays alive however far time jumps
+            states = {op: rig.machine.operation_state(op) for op in range(rig.machine._next_op_id)}
+            out: list[Command] = []
+            if action == "start" and rig.machine.state in (SessionState.READY, SessionState.REPLANNING):
+                values = list(range(4 * (n % 4) + 1))
+                op_id, out = rig.start(int_request(values))
+                started[op_id] = np.array(values[:4], dtype=np.int64)
+            elif action == "start_receiver" and rig.machine.state is SessionState.READY:
+                op_id = rig.machine._next_op_id
+                broadcast[op_id] = root_chunks(np.arange(n % 9, dtype=np.int64), op_id, rig.machine.epoch)
+                _, out = rig.start(CollectiveRequest(kind=Collective.BROADCAST, root=0, dtype=DType.INT64))
+            elif action == "result" and rig.parent and (pool := _deliverable(sent_chunks, broadcast)):
+                key, message = pool[n % len(pool)]
+                sent_chunks.pop(key, None)
+                if key[0] in broadcast:
+                    broadcast[key[0]].remove(message)
+                delivered.append(message)
+                out = rig.from_parent(message)
+            elif action == "duplicate" and rig.parent and delivered:
+                out = rig.from_parent(delivered[n % len(delivered)])
+            elif action == "tampered" and rig.parent and sent_chunks:
+                key = sorted(sent_chunks)[n % len(sent_chunks)]
+                good = result_for(sent_chunks[key])
+                out = rig.from_parent(dataclasses.replace(good, tag=(good.tag or 0) ^ 1))
+            elif action == "forged" and rig.parent and started:
+                op_id = sorted(started)[n % len(started)]
+                header = int_header(op_id, rig.machine.epoch, 4 * (n % 4) + 1)
+                own = payload.seal(KEYS, header, RANK, np.zeros(header.element_count, dtype=np.int64))
+                good = result_for(own)
+                out = rig.from_parent(dataclasses.replace(good, tag=(good.tag or 0) ^ 1))
+            elif action == "abort" and rig.parent:
+                op_id = n % max(1, rig.machine._next_op_id)
+                out = rig.from_parent(
+                    Abort(
+                        group_id=GROUP,
+                        epoch=rig.machine.epoch,
+                        op_id=op_id,
+                        code=ErrorCode.ABORTED,
+                        detail="",
+                    )
+                )
+            elif action == "deadline":
+                deadline = rig.machine.next_deadline()
+                if deadline is not None:
+                    out = rig.timer(deadline)
+            elif action == "epoch" and rig.machine.state is SessionState.READY:
+                epoch = rig.machine.epoch + 1
+                out = rig.rendezvous(
+                    EpochChange(group_id=GROUP, epoch=epoch, members=b"\x0f", code=ErrorCode.NO_ERROR)
+                )
+                out += rig.rendezvous(tree(epoch=epoch))
+                sent_chunks.clear()
+                broadcast.clear()
+            elif action == "parent" and rig.parent and rig.machine.state is SessionState.READY:
+                out = rig.feed(PeerDisconnected(rig.parent, ErrorCode.PEER_LOST))
+                redial = [c for c in rig.timer(rig.now + 1.0) if isinstance(c, ConnectTo)]
+                out += rig.feed(PeerConnected(redial[0].peer, "leaf", Role.AGGREGATOR))
+                rig.parent = redial[0].peer
+                sent_chunks.clear()
+                broadcast.clear()
+            for c in sent(out, None, Contribution):
+                sent_chunks[(c.op_id, c.chunk_index)] = c
+            assert rig.machine.outstanding <= PARAMS.window
+            for c in out:
+                if isinstance(c, OperationCompleted | OperationFailed):
+                    assert c.op_id not in finished, "an operation finishes once"
+                    finished.add(c.op_id)
+            for op_id, before in states.items():
+                now_state = rig.machine.operation_state(op_id)
+                if before is not None and now_state is not None:
+                    assert now_state in _reachable(before), (before, now_state)
+                if before is not None and now_state is None:
+                    assert op_id in finished
+        return recorder.seen
+    finally:
+        if monkeypatch is None:
+            patch.undo()
+
+
+def _deliverable(
+    sent_chunks: dict[tuple[int, int], ChunkMessage], broadcast: dict[int, list[ChunkMessage]]
+) -> list[tuple[tuple[int, int], ChunkMessage]]:
+    """What a correct tree could deliver now: results of sent chunks, the root's broadcast."""
+    pool = [(k, result_for(c)) for k, c in sorted(sent_chunks.items())]
+    return pool + [((op, c.chunk_index), c) for op, cs in sorted(broadcast.items()) for c in cs]
+
+
+def _reachable(state: OperationState) -> set[OperationState]:
+    seen = {state}
+    frontier = [state]
+    while frontier:
+        for target in OPERATION_TABLE.table.get(frontier.pop(), {}).values():
+            if target not in seen:
+                seen.add(target)
+                frontier.append(target)
+    return seen
+
+
+@given(st.lists(st.tuples(st.sampled_from(_ACTIONS), st.integers(0, 1000)), max_size=40))
+@settings(max_examples=150, deadline=None)
+def test_operation_table_random_inputs(script: list[tuple[str, int]]) -> None:
+    """Any sequence of results, duplicates, forgeries, aborts, deadlines and epoch
+    changes moves operations only along the table, and finishes each exactly once."""
+    _run_operations(script)
+
+
+def test_operation_table_moves_are_all_exercised(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeded random scripts, as many as it takes, reach every move of the table."""
+    allowed = {(s, e) for s, moves in OPERATION_TABLE.table.items() for e in moves}
+    seen: set[tuple[OperationState, str]] = set()
+    rng = random.Random(2024)
+    for _ in range(400):
+        script = [(rng.choice(_ACTIONS), rng.randrange(1000)) for _ in range(rng.randrange(5, 40))]
+        seen |= _run_operations(script, monkeypatch)
+        if allowed <= seen:
+            break
+    assert allowed <= seen, sorted((s.name, e) for s, e in allowed - seen)
