@@ -33,6 +33,8 @@ from cco.nodes.events import (
 )
 from cco.transport.link import LinkClosed, PeerLink
 from cco.wire.errors import CcoError, ErrorCode
+from cco.wire.fields import ranks_from_bitmap
+from cco.wire.messages import EpochChange, TreeAssignment
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,20 @@ class Machine(Protocol):
     def handle(self, event: Input, now: float) -> list[Command]: ...
 
     def next_deadline(self) -> float | None: ...
+
+
+def describe_membership(message: TreeAssignment | EpochChange) -> str:
+    """One log line for a tree assignment or epoch change (rare, and worth seeing)."""
+    group = message.group_id.hex()
+    if isinstance(message, EpochChange):
+        members = sorted(ranks_from_bitmap(message.members))
+        return f"group {group} epoch {message.epoch}: members {members} ({message.code.name})"
+    parent = message.parent.node_id if message.parent is not None else "none"
+    children = [child.node_id for child in message.children]
+    expected = sorted(ranks_from_bitmap(message.expected))
+    return (
+        f"group {group} epoch {message.epoch}: tree parent {parent} children {children} expected {expected}"
+    )
 
 
 class MachineRunner:
@@ -72,6 +88,8 @@ class MachineRunner:
         """Hand one input to the machine and carry out what it asks for."""
         if self._closing:
             return  # a closing node neither decides nor sends anything more
+        if isinstance(event, MessageReceived) and isinstance(event.message, (TreeAssignment, EpochChange)):
+            log.info("%s", describe_membership(event.message))
         try:
             commands = self.machine.handle(event, self.clock())
         except CcoError as exc:  # the machines refuse local misuse this way
