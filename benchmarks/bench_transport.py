@@ -94,7 +94,9 @@ async def transfer(pki: Path, datagram_size: int, chunks: list[Contribution]) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--total-mib", type=int, default=64)
     parser.add_argument("--chunk-mib", type=int, default=1)
     parser.add_argument("--datagram-sizes", type=int, nargs="+", default=[1452, 16000])
@@ -122,7 +124,10 @@ def main() -> None:
                 }
             )
 
-    print(f"{args.total_mib} MiB as {len(chunks)} chunk messages of {args.chunk_mib} MiB, loopback, one connection")
+    print(
+        f"{args.total_mib} MiB as {len(chunks)} chunk messages of {args.chunk_mib} MiB, "
+        "loopback, one connection"
+    )
     print(f"{'datagram':>9} {'median s':>9} {'MB/s (median)':>14} {'MB/s (best)':>12}")
     for row in rows:
         print(

@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from aioquic.asyncio import connect as aioquic_connect
+from aioquic.asyncio.client import connect as aioquic_connect
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.packet import QuicErrorCode
 from aioquic.tls import AlertDescription
 
 from cco.transport import LinkClosed, LocalIdentity, PeerLink, Server, TransportConfig, connect, serve
 from cco.transport.certs import create_dev_pki
+from cco.transport.handshake import negotiate
 from cco.transport.link import CONTROL_STREAM_ID, LinkProtocol
 from cco.wire.errors import CcoError, DecodeError, EncodeError, ErrorCode
 from cco.wire.framing import encode_frame
@@ -494,6 +495,18 @@ def test_server_close_tells_clients(pki: Path) -> None:
     run(test)
 
 
+def test_silent_peer_is_reported_lost(pki: Path) -> None:
+    async def test() -> None:
+        async with server(pki, idle_timeout=0.5) as (srv, accepted):
+            link = await dial(srv, pki, idle_timeout=0.5)
+            peer = await accepted.get()
+            # Nothing is sent; QUIC's idle timer ends both sides.
+            assert (await peer.wait_closed())[0] is ErrorCode.PEER_LOST
+            assert (await link.wait_closed())[0] is ErrorCode.PEER_LOST
+
+    run(test)
+
+
 def test_failing_handler_closes_its_link_only(pki: Path) -> None:
     async def test() -> None:
         calls: list[str] = []
@@ -518,16 +531,12 @@ def test_failing_handler_closes_its_link_only(pki: Path) -> None:
 
 
 def test_internal_error_costs_one_connection_only(pki: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from cco.transport import link as link_module
-
-    real_negotiate = link_module.negotiate
-
     def buggy_for_ep1(hello: Hello, *args: Any) -> Any:
         if hello.node_id == "ep-1":
             raise RuntimeError("a bug")
-        return real_negotiate(hello, *args)
+        return negotiate(hello, *args)
 
-    monkeypatch.setattr(link_module, "negotiate", buggy_for_ep1)
+    monkeypatch.setattr("cco.transport.link.negotiate", buggy_for_ep1)
 
     async def test() -> None:
         async with server(pki) as (srv, accepted):
@@ -545,7 +554,12 @@ def test_internal_error_costs_one_connection_only(pki: Path, monkeypatch: pytest
 def test_unread_messages_stall_the_sender(pki: Path) -> None:
     """A receiver that does not read holds a bounded amount; the sender waits in drain()."""
     mib = 1 << 20
-    limits = {"receive_window": mib, "receive_buffer": 2 * mib, "send_buffer": mib, "max_datagram_size": 9000}
+    limits: dict[str, Any] = {
+        "receive_window": mib,
+        "receive_buffer": 2 * mib,
+        "send_buffer": mib,
+        "max_datagram_size": 9000,
+    }
 
     async def test() -> None:
         async with server(pki, **limits) as (srv, accepted):

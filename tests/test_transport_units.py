@@ -77,13 +77,13 @@ def test_issued_certificate_carries_identity(ca: Credentials, role: Role) -> Non
 
 
 def _certificate(
-    ca: Credentials, subject: list[x509.NameAttribute], san: list[str] | None
+    ca: Credentials, subject: list[tuple[x509.ObjectIdentifier, str]], san: list[str] | None
 ) -> x509.Certificate:
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.UTC)
     builder = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name(subject))
+        .subject_name(x509.Name([x509.NameAttribute(oid, value) for oid, value in subject]))
         .issuer_name(ca.certificate.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -116,7 +116,7 @@ CN, OU = NameOID.COMMON_NAME, NameOID.ORGANIZATIONAL_UNIT_NAME
 def test_certificates_without_a_clear_identity_are_refused(
     ca: Credentials, subject: list[tuple[x509.ObjectIdentifier, str]], san: list[str] | None, complaint: str
 ) -> None:
-    certificate = _certificate(ca, [x509.NameAttribute(oid, value) for oid, value in subject], san)
+    certificate = _certificate(ca, subject, san)
     with pytest.raises(CcoError) as info:
         identity_from_certificate(certificate)
     assert info.value.code is ErrorCode.UNAUTHORIZED

@@ -1,6 +1,6 @@
 """aioquic's sans-I/O ``QuicConnection``, extended with what CCO needs from it.
 
-Three things aioquic 1.7 does not offer through its public API, and how we get them:
+What aioquic 1.7 does not offer through its public API, and how we get it:
 
 1. **Client certificates.**  aioquic's TLS server never asks for a client
    certificate (``tls.Context._request_client_certificate`` is "for test purposes
@@ -16,9 +16,18 @@ Three things aioquic 1.7 does not offer through its public API, and how we get t
    so the credit a peer holds grows with everything it ever sent.
    :class:`ReceiveCredit` replaces that limit object: credit slides ``window`` bytes
    beyond what was received, and stops growing while ``frozen``.
+4. **Send progress.**  :attr:`CcoQuicConnection.stream_bytes_sent` and
+   :attr:`~CcoQuicConnection.bytes_in_flight` let the adapter wait for queued data
+   to leave (``drain()``) and be acknowledged (a flushing close).
 
-The server issues no session tickets: a resumed session would skip the client
-certificate, so every connection is a full handshake (and there is no 0-RTT).
+Our server passes aioquic no session-ticket handler, so it issues no tickets: a
+resumed session would skip the client certificate.  Every connection is a full
+handshake, and there is no 0-RTT.
+
+These rely on aioquic internals (checked with 1.7.2, and exercised by the
+transport tests): ``QuicConnection._initialize``, ``_local_max_data``,
+``_remote_max_data_used``, ``_loss.bytes_in_flight``, ``_close_event`` and the TLS
+context's ``_request_client_certificate`` and ``_peer_certificate(_chain)``.
 
 A refused handshake is closed with CRYPTO_ERROR plus the TLS alert (RFC 9001,
 section 4.8), exactly as aioquic closes for alerts of its own, and every event after
@@ -154,7 +163,7 @@ class CcoQuicConnection(QuicConnection):
             tls.verify_certificate(
                 certificate=certificate,
                 chain=self.tls._peer_certificate_chain,
-                cafile=self._configuration.cafile,
+                cafile=self.configuration.cafile,
             )
         try:
             identity = identity_from_certificate(certificate)
