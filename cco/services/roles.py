@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import resource
 import signal
 import sys
 import time
@@ -131,9 +132,19 @@ async def run_aggregator(cfg: NodeConfig) -> int:
     try:
         await _until_signalled()
     finally:
-        log.info("aggregator %s peak slot memory %d bytes", cfg.node_id, machine.peak_slot_bytes)
+        log.info(
+            "aggregator %s peak slot memory %d bytes, peak RSS %d bytes",
+            cfg.node_id,
+            machine.peak_slot_bytes,
+            peak_rss_bytes(),
+        )
         await service.close()
     return 0
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _digest(array: np.ndarray | None) -> str:
@@ -186,7 +197,12 @@ async def _allreduce_rounds(comm: Communicator, rounds: int, elements: int) -> d
             f"({data.nbytes / seconds / 1e6:.1f} MB/s)",
             flush=True,
         )
-    return {"rank": comm.rank, "world_size": comm.world_size, "rounds": records}
+    return {
+        "rank": comm.rank,
+        "world_size": comm.world_size,
+        "rounds": records,
+        "peak_rss_bytes": peak_rss_bytes(),
+    }
 
 
 async def _conformance(comm: Communicator, elements: int) -> dict[str, Any]:
