@@ -530,6 +530,9 @@ class PeerLink:
         Raises :class:`LinkClosed` once the link is closed and every message that
         arrived before the close has been read.  With ``close_on_decode_error``
         off, an undecodable message is raised here as its ``DecodeError``.
+
+        Keep reading: once more than ``receive_buffer`` bytes wait here, the peer
+        may send nothing more on this connection, control messages included.
         """
         return await self._protocol.receive()
 
