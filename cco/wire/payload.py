@@ -16,6 +16,7 @@ from __future__ import annotations
 import hmac
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from operator import attrgetter
 
 import numpy as np
 
@@ -65,19 +66,7 @@ class ChunkHeader:
 
     @classmethod
     def of(cls, message: ChunkMessage) -> ChunkHeader:
-        return cls(
-            group_id=message.group_id,
-            epoch=message.epoch,
-            op_id=message.op_id,
-            kind=message.kind,
-            op=message.op,
-            dtype=message.dtype,
-            scale=message.scale,
-            total_elements=message.total_elements,
-            chunk_elements=message.chunk_elements,
-            chunk_index=message.chunk_index,
-            root=message.root,
-        )
+        return cls(**dict(zip(_HEADER_FIELDS, _header_values(message), strict=True)))
 
     @property
     def element_count(self) -> int:
@@ -108,13 +97,15 @@ class ChunkHeader:
 
 
 _HEADER_FIELDS = tuple(f.name for f in fields(ChunkHeader))
+_header_values = attrgetter(*_HEADER_FIELDS)
+"""The identifying fields of a header or chunk message, as a tuple (fast to compare)."""
 
 
 def _message(
     cls: type[ChunkMessage], header: ChunkHeader, ranks: bytes, width: int, payload: bytes, tag: int | None
 ) -> ChunkMessage:
     message = cls(
-        **{name: getattr(header, name) for name in _HEADER_FIELDS},
+        **dict(zip(_HEADER_FIELDS, _header_values(header), strict=True)),
         contributors=ranks,
         width=width,
         payload=payload,
@@ -173,12 +164,13 @@ def combine(parts: Sequence[ChunkMessage], cls: type[ChunkMessage]) -> ChunkMess
     """
     if not parts:
         raise CcoError(ErrorCode.INVALID_FIELD, "nothing to combine")
-    header = ChunkHeader.of(parts[0])
+    identity = _header_values(parts[0])
     for part in parts[1:]:
-        other = ChunkHeader.of(part)
-        if other != header:
-            differ = [name for name in _HEADER_FIELDS if getattr(other, name) != getattr(header, name)]
+        other = _header_values(part)
+        if other != identity:
+            differ = [name for name, a, b in zip(_HEADER_FIELDS, identity, other, strict=True) if a != b]
             raise CcoError(ErrorCode.OPERATION_MISMATCH, f"chunks differ in {', '.join(differ)}")
+    header = ChunkHeader.of(parts[0])
     header.check()
     semantics = OPS[header.op]
 
@@ -220,9 +212,10 @@ def _accumulate(arrays: list[np.ndarray], ufunc: np.ufunc) -> np.ndarray:
     that bound passes B is the accumulator measured (and checked against B), so
     the usual narrow inputs never pay for an extra pass.
     """
-    total = arrays[0].astype(np.int64)
-    reach = 1 << (8 * arrays[0].dtype.itemsize - 1)
-    for array in arrays[1:]:
+    reach = sum(1 << (8 * a.dtype.itemsize - 1) for a in arrays[:2])
+    # The first two inputs combine in one pass, widened to int64 on the fly.
+    total = ufunc(arrays[0], arrays[1], dtype=np.int64) if len(arrays) > 1 else arrays[0].astype(np.int64)
+    for array in arrays[2:]:
         if reach > RANGE_BOUND:
             lo, hi = extremes(total)
             if not within_bound(lo, hi):
