@@ -12,6 +12,7 @@ least 1200 bytes (section 14.1).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import socket
@@ -225,6 +226,16 @@ class Server(asyncio.DatagramProtocol):
         link.close(ErrorCode.INTERNAL_ERROR, "connection handler failed")
 
 
+def size_socket_buffers(transport: asyncio.BaseTransport, size: int) -> None:
+    """Ask for ``size``-byte kernel buffers on the UDP socket; best effort (capped by the kernel)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return
+    for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, option, size)
+
+
 async def serve(
     host: str,
     port: int,
@@ -243,9 +254,10 @@ async def serve(
     try:
         quic_config = _quic_configuration(config, local, is_client=False, diagnostics=diagnostics)
         loop = asyncio.get_running_loop()
-        _, server = await loop.create_datagram_endpoint(
+        udp, server = await loop.create_datagram_endpoint(
             lambda: Server(config, local, on_connection, quic_config, diagnostics), local_addr=(host, port)
         )
+        size_socket_buffers(udp, config.socket_buffer)
     except BaseException:
         diagnostics.close()
         raise
@@ -279,6 +291,7 @@ async def connect(
         transport, protocol = await loop.create_datagram_endpoint(
             lambda: LinkProtocol(quic, config=config, local=local), local_addr=(wildcard, 0)
         )
+        size_socket_buffers(transport, config.socket_buffer)
     except BaseException:
         diagnostics.close()
         raise
