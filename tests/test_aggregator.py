@@ -245,6 +245,16 @@ def test_silent_rendezvous_is_lost_after_three_intervals() -> None:
     assert sent(rig.feed(PeerConnected("rv2", "rendezvous", Role.RENDEZVOUS)), "rv2", AggregatorRegister)
 
 
+def test_losing_the_rendezvous_ends_every_group() -> None:
+    rig, parent = leaf_rig()
+    rig.send("ep0", chunk(0))
+    out = rig.feed(PeerDisconnected("rv", ErrorCode.PEER_LOST))
+    assert [m.code for m in sent(out, "ep0", Abort)] == [ErrorCode.PEER_LOST]
+    assert ClosePeer(parent, ErrorCode.NO_ERROR, "the group ended here") in out
+    assert rig.machine.state is NodeState.DETACHED and rig.machine.group_state(GROUP) is GroupState.UNKNOWN
+    assert rig.machine.slot_bytes == 0
+
+
 def test_tree_assignment_before_registration_is_a_protocol_violation() -> None:
     rig = Rig()
     rig.feed(PeerConnected("rv", "rendezvous", Role.RENDEZVOUS))
@@ -417,6 +427,40 @@ def test_slot_timeout_aborts_down_and_up_naming_missing_ranks() -> None:
     assert rig.machine.slot_bytes == 0
     assert rig.send("ep1", chunk(1)) == []  # late: dropped, no slot reopened
     assert rig.machine.open_slots(GROUP) == 0
+
+
+def test_a_silent_aggregator_child_gets_time_to_name_its_own_missing_ranks() -> None:
+    rig = Rig()
+    rig.register()
+    rig.connect("ep0")
+    rig.connect("leaf", role=Role.AGGREGATOR)
+    rig.rendezvous(assignment({"ep0": [0], "leaf": [1, 2, 3]}))
+    rig.send("ep0", chunk(0))
+    assert [m for m in sent(rig.timer(1.0), None, Abort)] == []  # waits half a timeout more
+    assert rig.machine.next_deadline() == pytest.approx(1.5)
+    report = Abort(
+        group_id=GROUP,
+        epoch=1,
+        op_id=0,
+        code=ErrorCode.TIMEOUT,
+        detail="leaf",
+        missing=bitmap_from_ranks([2]),
+    )
+    (forwarded,) = sent(rig.send("leaf", report), "ep0", Abort)
+    assert forwarded.missing == bitmap_from_ranks([2])  # the leaf's precise answer reaches everyone
+    assert rig.timer(1.5) == []
+
+
+def test_data_for_a_child_not_yet_connected_waits_for_its_connection() -> None:
+    rig = Rig()
+    rig.register()
+    rig.connect("ep1")
+    rig.rendezvous(assignment({"ep0": [0], "ep1": [1]}))
+    data = chunk(1, cls=BroadcastData, kind=Collective.BROADCAST, root=1)
+    assert sent(rig.send("ep1", data), "ep1") == [data]
+    assert rig.machine.pending_bytes == len(data.payload)
+    out = rig.feed(PeerConnected("ep0", "ep0", Role.ENDPOINT))
+    assert out == [SendMessage("ep0", data)] and rig.machine.pending_bytes == 0
 
 
 def test_abort_from_a_child_spreads_once() -> None:
@@ -628,6 +672,8 @@ def _group_input(g: GroupRig, event: str) -> list[Input]:
         return [*prepare, TimerFired()]
     if event == agg.SLOT_TIMEOUT:
         return [MessageReceived("ep0", chunk(0, epoch=epoch)), TimerFired()]
+    if event == agg.RENDEZVOUS_LOST:
+        return [PeerDisconnected("rv", ErrorCode.PEER_LOST)]
     if event == "EpochChange":
         return [
             MessageReceived(

@@ -146,6 +146,7 @@ GROUP_TABLE: TransitionTable[GroupState] = TransitionTable(
             SLOT_TIMEOUT: GroupState.CONNECTING,
             **_DIAL,
             "EpochChange": GroupState.STALE,
+            RENDEZVOUS_LOST: GroupState.UNKNOWN,
         },
         GroupState.ACTIVE: {
             CHUNK_UP: GroupState.ACTIVE,
@@ -154,6 +155,7 @@ GROUP_TABLE: TransitionTable[GroupState] = TransitionTable(
             SLOT_TIMEOUT: GroupState.ACTIVE,
             **_ASSIGNED,
             "EpochChange": GroupState.STALE,
+            RENDEZVOUS_LOST: GroupState.UNKNOWN,
         },
         GroupState.STALE: {
             CHUNK_UP: GroupState.STALE,
@@ -162,6 +164,7 @@ GROUP_TABLE: TransitionTable[GroupState] = TransitionTable(
             PARENT_LOST: GroupState.STALE,
             **_ASSIGNED,
             "EpochChange": GroupState.STALE,
+            RENDEZVOUS_LOST: GroupState.UNKNOWN,
         },
     },
 )
@@ -177,6 +180,11 @@ SLOT_TABLE: TransitionTable[SlotState] = TransitionTable(
 )
 
 TABLES = (NODE_TABLE, GROUP_TABLE, SLOT_TABLE)
+
+
+def diagrams() -> str:
+    """The aggregator's state diagrams, exactly as the draft shows them."""
+    return "\n\n".join(t.to_ascii() for t in TABLES)
 
 
 # --- configuration ----------------------------------------------------------------
@@ -216,6 +224,7 @@ class _Slot:
     fingerprints: dict[str, bytes] = field(default_factory=dict)  # child node_id -> fingerprint
     received: frozenset[int] = frozenset()
     aggregate: ChunkMessage | None = None
+    extended: bool = False  # already waited the extra half timeout for a silent aggregator child
 
 
 @dataclass(slots=True)
@@ -225,7 +234,8 @@ class _Group:
     assignment: TreeAssignment | None = None
     children: dict[str, frozenset[int]] = field(default_factory=dict)  # node_id -> ranks
     expected: frozenset[int] = frozenset()
-    parent_peer: PeerId | None = None
+    parent_peer: PeerId | None = None  # the connection we dialled for this group
+    parent_node: str | None = None  # whom it reaches: down-traffic is accepted from this node
     parent_up: bool = False
     retry_at: float | None = None
     state: GroupState = GroupState.UNKNOWN
@@ -324,6 +334,8 @@ class AggregatorMachine:
         self._parent_peers: dict[PeerId, bytes] = {}  # our ConnectTo peers -> group
         self._dials = 0
         self._pending: dict[PeerId, deque[_Pending]] = {}
+        self._unconnected: dict[str, deque[_Pending]] = {}  # child node_id -> what waits for it
+        self._now = 0.0
         self._slot_bytes = 0
         self._peak_slot_bytes = 0
         self._pending_bytes = 0
@@ -341,6 +353,13 @@ class AggregatorMachine:
     def group_epoch(self, group_id: bytes) -> int | None:
         group = self._groups.get(group_id)
         return group.epoch if group else None
+
+    def group_parent(self, group_id: bytes) -> str | None:
+        """The node id of this group's parent here; None at the root or without an assignment."""
+        group = self._groups.get(group_id)
+        if group is None or group.assignment is None or group.assignment.parent is None:
+            return None
+        return group.assignment.parent.node_id
 
     def slot_state(self, group_id: bytes, op_id: int, chunk_index: int) -> SlotState | None:
         group = self._groups.get(group_id)
@@ -367,7 +386,8 @@ class AggregatorMachine:
 
     @property
     def pending_bytes(self) -> int:
-        """Payload bytes parked in pending queues (data ahead of its TreeAssignment)."""
+        """Payload bytes held in pending queues: data ahead of its TreeAssignment, and
+        data for a child whose connection has not been reported yet."""
         return self._pending_bytes
 
     # --- driving --------------------------------------------------------------
@@ -378,7 +398,7 @@ class AggregatorMachine:
             times.append(self._last_heard + 3 * self._heartbeat_interval)
             if self._next_heartbeat is not None:
                 times.append(self._next_heartbeat)
-        for queue in self._pending.values():
+        for queue in [*self._pending.values(), *self._unconnected.values()]:
             if queue:
                 times.append(queue[0].arrived + self.config.pending_timeout)
         for group in self._groups.values():
@@ -389,6 +409,7 @@ class AggregatorMachine:
 
     def handle(self, event: Input, now: float) -> list[Command]:
         """Process one input; never raises for anything a peer can send."""
+        self._now = now
         if isinstance(event, PeerConnected):
             return self._on_connected(event, now)
         if isinstance(event, PeerDisconnected):
@@ -424,13 +445,16 @@ class AggregatorMachine:
             return [SendMessage(event.peer, register)]
         self._peers[event.peer] = _Peer(event.node_id, event.role)
         self._node_peer[event.node_id] = event.peer
+        held = self._unconnected.pop(event.node_id, deque())
+        self._pending_bytes -= sum(_payload_size(p.message) for p in held)
+        out: list[Command] = [SendMessage(event.peer, p.message) for p in held]
         group_id = self._parent_peers.get(event.peer)
         if group_id is None:
-            return []
+            return out
         group = self._groups[group_id]
         if group.parent_peer != event.peer:
-            return []  # a connection for an assignment that has since been replaced
-        return self._group_event(group, PARENT_CONNECTED, now)
+            return out  # a connection for an assignment that has since been replaced
+        return out + self._group_event(group, PARENT_CONNECTED, now)
 
     def _on_disconnected(self, peer: PeerId, code: ErrorCode, now: float) -> list[Command]:
         if peer == self._rendezvous:
@@ -449,6 +473,8 @@ class AggregatorMachine:
         return self._group_event(group, PARENT_LOST, now, detail=f"parent connection lost ({code.name})")
 
     def _lose_rendezvous(self, close: str | None) -> list[Command]:
+        """Without its rendezvous the node is out of every tree (the rendezvous, for its
+        part, has re-planned without it): every group it serves ends here."""
         out: list[Command] = []
         if close is not None and self._rendezvous is not None:
             out.append(ClosePeer(self._rendezvous, ErrorCode.PEER_LOST, close))
@@ -456,6 +482,13 @@ class AggregatorMachine:
         self._rendezvous = None
         self._heartbeat_interval = 0.0
         self._next_heartbeat = None
+        for group in list(self._groups.values()):
+            group.state = GROUP_TABLE.next(group.state, RENDEZVOUS_LOST)
+            out += self._abort_all(
+                group, ErrorCode.PEER_LOST, "the aggregator lost its rendezvous", None, 0.0
+            )
+            out += self._close_parent(group, "the group ended here")
+            del self._groups[group.group_id]
         return out
 
     # --- control plane ----------------------------------------------------------
@@ -513,11 +546,7 @@ class AggregatorMachine:
         parent = message.parent
         if parent is None:
             event = ASSIGNED_ROOT
-        elif (
-            group.parent_up
-            and group.parent_peer is not None
-            and self._peers.get(group.parent_peer, _Peer("", Role.ENDPOINT)).node_id == parent.node_id
-        ):
+        elif group.parent_up and group.parent_node == parent.node_id:
             event = ASSIGNED_CONNECTED
         else:
             event = ASSIGNED_CONNECT
@@ -594,14 +623,15 @@ class AggregatorMachine:
         out += self._release_pending(group, now)
         return out
 
-    def _close_parent(self, group: _Group) -> list[Command]:
+    def _close_parent(self, group: _Group, why: str = "parent changed") -> list[Command]:
         peer, group.parent_peer = group.parent_peer, None
+        group.parent_node = None
         group.parent_up = False
         group.retry_at = None
         if peer is None:
             return []
         self._parent_peers.pop(peer, None)
-        return [ClosePeer(peer, ErrorCode.NO_ERROR, "parent changed")]
+        return [ClosePeer(peer, ErrorCode.NO_ERROR, why)]
 
     def _connect_parent(self, group: _Group) -> list[Command]:
         assert group.assignment is not None and group.assignment.parent is not None
@@ -609,6 +639,7 @@ class AggregatorMachine:
         self._dials += 1
         peer = f"parent/{group.group_id.hex()}/{group.epoch}/{self._dials}"
         group.parent_peer = peer
+        group.parent_node = parent.node_id
         self._parent_peers[peer] = group.group_id
         return [ConnectTo(peer, parent.address, parent.node_id)]
 
@@ -641,9 +672,9 @@ class AggregatorMachine:
         if info is None:
             return [_refuse(peer, message, ErrorCode.UNAUTHORIZED, "peer is not identified")]
         group = self._groups.get(message.group_id)
-        from_parent = group is not None and peer == group.parent_peer
-        if from_parent:
-            assert group is not None
+        if group is not None and group.parent_up and info.node_id == group.parent_node:
+            # any connection authenticated as the parent node: a node may reach its
+            # children over a connection they opened for another group
             return self._on_chunk_down(group, peer, message, now)
         return self._on_chunk_up(group, peer, info, message, now)
 
@@ -802,7 +833,7 @@ class AggregatorMachine:
             return []  # an old epoch's traffic, already aborted locally
         if isinstance(message, Abort):
             missing = ranks_from_bitmap(message.missing) if message.missing is not None else None
-            return self._abort_op(group, message.op_id, message.code, message.detail, missing, origin=peer)
+            return self._abort_op(group, message.op_id, message.code, message.detail, missing, up=False)
         if not isinstance(message, Result | BroadcastData):
             return [
                 _refuse(
@@ -838,11 +869,23 @@ class AggregatorMachine:
         assert group.parent_peer is not None
         return [SendMessage(group.parent_peer, m) for m in queued]
 
-    def _send_down(self, group: _Group, message: Message, skip: PeerId | None = None) -> list[Command]:
+    def _send_down(
+        self, group: _Group, message: ChunkMessage | Abort, skip: PeerId | None = None
+    ) -> list[Command]:
+        """To every child; a child whose connection is not reported yet gets it on arrival.
+
+        (A broadcast receiver sends nothing before data reaches it, so its connection
+        may be reported after the first chunk for it; the hold is bounded like the
+        pending queue.)"""
         out: list[Command] = []
         for node_id in group.children:
             peer = self._node_peer.get(node_id)
-            if peer is not None and peer != skip:
+            if peer is None:
+                held = self._unconnected.setdefault(node_id, deque())
+                if len(held) < self.config.pending_limit:
+                    held.append(_Pending(self._now, message))
+                    self._pending_bytes += _payload_size(message)
+            elif peer != skip:
                 out.append(SendMessage(peer, message))
         return out
 
@@ -857,8 +900,10 @@ class AggregatorMachine:
         missing: frozenset[int] | None,
         *,
         origin: PeerId | None = None,
+        up: bool = True,
     ) -> list[Command]:
-        """End one operation in this group: free its slots, tell the tree once."""
+        """End one operation in this group: free its slots, tell the tree once: every
+        child but ``origin`` and, with ``up``, the parent."""
         if op_id in group.aborted:
             return []
         group.aborted[op_id] = None
@@ -886,11 +931,7 @@ class AggregatorMachine:
             missing=bitmap_from_ranks(missing) if missing else None,
         )
         out = self._send_down(group, abort, skip=origin)
-        if (
-            group.assignment is not None
-            and group.assignment.parent is not None
-            and origin != group.parent_peer
-        ):
+        if up and group.assignment is not None and group.assignment.parent is not None:
             out += self._send_up(group, abort)
         return out
 
@@ -900,7 +941,7 @@ class AggregatorMachine:
         ops = sorted({k[0] for k in group.slots} | {m.op_id for m in group.outbox})
         out: list[Command] = []
         for op_id in ops:
-            out += self._abort_op(group, op_id, code, detail, missing, origin=group.parent_peer)
+            out += self._abort_op(group, op_id, code, detail, missing, up=False)
         return out
 
     def _stale(self, peer: PeerId, message: ChunkMessage | Abort, epoch: int) -> Command:
@@ -969,6 +1010,11 @@ class AggregatorMachine:
                     f"within {self.config.pending_timeout}s",
                 )
                 out.append(SendMessage(peer, abort))
+        for node_id, held in list(self._unconnected.items()):
+            while held and held[0].arrived + self.config.pending_timeout <= now:
+                self._pending_bytes -= _payload_size(held.popleft().message)
+            if not held:
+                del self._unconnected[node_id]
         return out
 
     # --- timers -----------------------------------------------------------------
@@ -991,6 +1037,16 @@ class AggregatorMachine:
         return out
 
     def _expire_slots(self, group: _Group, now: float) -> list[Command]:
+        """Abort operations with a slot open too long, naming the ranks that are missing.
+
+        A slot that misses a whole child *aggregator* first waits half a timeout
+        more: that child, which saw which of its own ranks are missing, times out
+        first and its Abort names them; this node could only name all its ranks.
+        """
+        for slot in group.slots.values():
+            if slot.deadline <= now and not slot.extended and self._silent_aggregator_child(group, slot):
+                slot.extended = True
+                slot.deadline = now + group.timeout / 2
         late = sorted({key[0] for key, slot in group.slots.items() if slot.deadline <= now})
         out: list[Command] = []
         for op_id in late:
@@ -1008,6 +1064,17 @@ class AggregatorMachine:
             )
             out += self._abort_op(group, op_id, ErrorCode.TIMEOUT, detail, frozenset(missing))
         return out
+
+    def _silent_aggregator_child(self, group: _Group, slot: _Slot) -> bool:
+        for node_id in group.children:
+            peer = self._node_peer.get(node_id)
+            if (
+                node_id not in slot.fingerprints
+                and peer is not None
+                and self._peers[peer].role is Role.AGGREGATOR
+            ):
+                return True
+        return False
 
     # --- accounting -------------------------------------------------------------
 
@@ -1038,5 +1105,6 @@ __all__ = [
     "GroupState",
     "NodeState",
     "SlotState",
+    "diagrams",
     "fingerprint",
 ]

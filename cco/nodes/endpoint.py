@@ -211,6 +211,13 @@ OPERATION_TABLE: TransitionTable[OperationState] = TransitionTable(
 )
 
 TABLES = (SESSION_TABLE, OPERATION_TABLE)
+
+
+def diagrams() -> str:
+    """The endpoint's state diagrams, exactly as the draft shows them."""
+    return "\n\n".join(t.to_ascii() for t in TABLES)
+
+
 _FINISHED = (OperationState.COMPLETED, OperationState.FAILED)
 
 
@@ -1026,4 +1033,5 @@ __all__ = [
     "OperationError",
     "OperationState",
     "SessionState",
+    "diagrams",
 ]

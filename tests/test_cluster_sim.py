@@ -1,0 +1,482 @@
+"""Whole deployments in memory: a real rendezvous, three aggregators, eight endpoints.
+
+Every test runs the machines through :mod:`cco.nodes.sim`: random delivery order
+(seeded), every message re-encoded through the codec, and simulated time.  The
+rendezvous plans a two-level tree (two leaves of four endpoints under a root).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cco.nodes import aggregator, endpoint
+from cco.nodes.aggregator import AggregatorMachine
+from cco.nodes.endpoint import CollectiveRequest, EndpointMachine, OperationError, SessionState
+from cco.nodes.events import Command, Input, OperationCompleted, OperationFailed, SendMessage
+from cco.nodes.sim import Deployment, GroupSpec, build_cluster
+from cco.wire import payload
+from cco.wire.dtypes import ELEMENT_TYPES, round_to_bfloat16
+from cco.wire.errors import ErrorCode
+from cco.wire.fixedpoint import contribution_bound, default_scale
+from cco.wire.messages import ChunkMessage, Contribution, Error, GroupParams, Message, Result
+from cco.wire.registries import Collective, DType, ReduceOp
+
+GROUP = bytes.fromhex("0c" * 16)
+OTHER = bytes.fromhex("d4" * 16)
+WORLD = 8
+PARAMS = GroupParams(chunk_elements=4, window=3, heartbeat_interval_ms=1000, operation_timeout_ms=2000)
+SPEC = Path(__file__).resolve().parent.parent / "spec" / "sections" / "collectives.xml"
+
+
+def deploy(seed: int = 0, *, world: int = WORLD, **kw: object) -> Deployment:
+    return build_cluster(
+        [GroupSpec(GROUP, world)], aggregators=3, params=PARAMS, max_fan_in=4, seed=seed, **kw  # type: ignore[arg-type]
+    )
+
+
+def inputs(dtype: DType, n: int, seed: int, world: int = WORLD) -> dict[int, np.ndarray]:
+    """Per-rank inputs whose reductions over ``world`` ranks fit every type."""
+    rng = np.random.default_rng(seed)
+    element = ELEMENT_TYPES[dtype]
+    out = {}
+    for rank in range(world):
+        if element.is_float:
+            scale = 8.0 if dtype is DType.FLOAT16 else 1.0
+            values = ((rng.random(n) * 2 - 1) * scale).astype(element.storage)
+            out[rank] = round_to_bfloat16(values) if dtype is DType.BFLOAT16 else values
+        else:
+            bound = min((1 << (element.bits - 1)) // (2 * world), contribution_bound(world))
+            out[rank] = rng.integers(-bound, bound, n, endpoint=True).astype(element.storage)
+    return out
+
+
+def reduce_reference(arrays: list[np.ndarray], op: ReduceOp, dtype: DType) -> list[Fraction | int]:
+    """The exact reduction, element by element, with Python integers and rationals."""
+    if ELEMENT_TYPES[dtype].is_float:
+        columns = [[Fraction(float(v)) for v in column] for column in zip(*arrays, strict=True)]
+    else:
+        columns = [[int(v) for v in column] for column in zip(*arrays, strict=True)]
+    combine = {
+        ReduceOp.SUM: sum,
+        ReduceOp.AVG: lambda c: Fraction(sum(c), len(c)),
+        ReduceOp.MIN: min,
+        ReduceOp.MAX: max,
+        ReduceOp.BAND: lambda c: functools.reduce(lambda a, b: a & b, c),
+        ReduceOp.BOR: lambda c: functools.reduce(lambda a, b: a | b, c),
+        ReduceOp.BXOR: lambda c: functools.reduce(lambda a, b: a ^ b, c),
+    }[op]
+    return [combine(column) for column in columns]  # type: ignore[no-untyped-call]
+
+
+def assert_reduction(result: np.ndarray, exact: list[Fraction | int], dtype: DType, world: int) -> None:
+    element = ELEMENT_TYPES[dtype]
+    assert result.dtype == element.storage
+    if not element.is_float:
+        # integers are exact; an average rounds half to even
+        want = [round(v) if isinstance(v, Fraction) else v for v in exact]
+        assert result.tolist() == want
+        return
+    scale = default_scale(dtype, world)
+    fixed_point = world * 2.0 ** -(scale + 1)  # conversion error of the sum (draft "Fixed Point")
+    ulp = 2.0 ** -(8 if dtype is DType.BFLOAT16 else element.precision)  # final rounding to the type
+    want = np.array([float(v) for v in exact])
+    np.testing.assert_allclose(result.astype(np.float64), want, rtol=ulp, atol=fixed_point)
+
+
+def identical(results: dict[int, Command]) -> np.ndarray | None:
+    """The one result every rank returned, bit for bit (None if all returned None)."""
+    arrays = []
+    for outcome in results.values():
+        assert isinstance(outcome, OperationCompleted), outcome
+        arrays.append(outcome.result)
+    first = arrays[0]
+    for other in arrays[1:]:
+        assert (other is None) == (first is None)
+        if first is not None and other is not None:
+            assert other.dtype == first.dtype and other.shape == first.shape
+            assert other.tobytes() == first.tobytes()
+    return first
+
+
+def run_and_check(
+    d: Deployment, kind: Collective, op: ReduceOp, dtype: DType, data: dict[int, np.ndarray], root: int | None = None
+) -> None:
+    """Run one collective on every rank and compare each result with the reference."""
+    world = len(data)
+    requests = {
+        r: CollectiveRequest(
+            kind=kind,
+            op=op,
+            array=None if kind is Collective.BARRIER else data[r],
+            root=root,
+            dtype=dtype if dtype is DType.BFLOAT16 else None,
+        )
+        for r in range(world)
+    }
+    results = d.collective(GROUP, requests)
+    assert len(results) == world
+    arrays = [data[r] for r in range(world)]
+    if kind is Collective.BARRIER:
+        assert identical(results) is None
+    elif kind is Collective.BROADCAST:
+        assert root is not None
+        assert identical(results).tobytes() == data[root].tobytes()  # type: ignore[union-attr]
+    elif kind is Collective.ALL_GATHER:
+        assert identical(results).tobytes() == np.stack(arrays).tobytes()  # type: ignore[union-attr]
+    elif kind is Collective.REDUCE:
+        assert root is not None
+        for rank, outcome in results.items():
+            assert isinstance(outcome, OperationCompleted)
+            if rank != root:
+                assert outcome.result is None
+        result = results[root]
+        assert isinstance(result, OperationCompleted) and result.result is not None
+        assert_reduction(result.result, reduce_reference(arrays, op, dtype), dtype, world)
+    else:
+        exact = reduce_reference(arrays, op, dtype)
+        if kind is Collective.ALL_REDUCE:
+            result = identical(results)
+            assert result is not None
+            assert_reduction(result, exact, dtype, world)
+        else:  # REDUCE_SCATTER: rank r gets part r of the reduction
+            part = len(exact) // world
+            for rank, outcome in results.items():
+                assert isinstance(outcome, OperationCompleted) and outcome.result is not None
+                assert_reduction(outcome.result, exact[rank * part : (rank + 1) * part], dtype, world)
+
+
+_CASES = [
+    (kind, op)
+    for kind in Collective
+    for op in (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MAX)
+    if op is ReduceOp.SUM or kind in (Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER)
+]
+
+
+@pytest.mark.parametrize(("kind", "op"), _CASES, ids=[f"{k.name}-{o.name}" for k, o in _CASES])
+@pytest.mark.parametrize("dtype", [DType.INT32, DType.FLOAT32])
+def test_every_collective_through_a_two_level_tree(kind: Collective, op: ReduceOp, dtype: DType) -> None:
+    seed = hash((kind, op, dtype)) % 1000
+    d = deploy(seed)
+    roots = {d.aggregator(a).group_parent(GROUP) for a in d.aggregators}
+    assert None in roots and len(roots) == 2, "two levels: leaves under one root"
+    root = 5 if kind in (Collective.REDUCE, Collective.BROADCAST) else None
+    run_and_check(d, kind, op, dtype, inputs(dtype, 24, seed), root)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_arrival_order_does_not_change_a_single_bit(seed: int) -> None:
+    """Different delivery orders, same bits: integers add exactly in any order."""
+    data = inputs(DType.FLOAT32, 40, 99)
+    d = deploy(seed)
+    results = d.collective(
+        GROUP, {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=data[r]) for r in range(WORLD)}
+    )
+    first = identical(results)
+    assert first is not None
+    reference = deploy(1000)
+    again = identical(
+        reference.collective(
+            GROUP, {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=data[r]) for r in range(WORLD)}
+        )
+    )
+    assert again is not None and again.tobytes() == first.tobytes()
+
+
+_REDUCTIONS = [Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER]
+
+
+@st.composite
+def _any_case(draw: st.DrawFn) -> tuple[Collective, ReduceOp, DType, int, int]:
+    dtype = draw(st.sampled_from(list(DType)))
+    kind = draw(st.sampled_from(list(Collective)))
+    if kind in _REDUCTIONS:
+        ops = [o for o in ReduceOp if not (ELEMENT_TYPES[dtype].is_float and o in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR))]
+        op = draw(st.sampled_from(ops))
+    else:
+        op = ReduceOp.SUM
+    length = WORLD * draw(st.integers(0, 3)) if kind is Collective.REDUCE_SCATTER else draw(st.integers(0, 13))
+    return kind, op, dtype, length, draw(st.integers(0, 10_000))
+
+
+@given(_any_case())
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_every_dtype_and_op_hypothesis(case: tuple[Collective, ReduceOp, DType, int, int]) -> None:
+    kind, op, dtype, length, seed = case
+    d = deploy(seed)
+    root = seed % WORLD if kind in (Collective.REDUCE, Collective.BROADCAST) else None
+    run_and_check(d, kind, op, dtype, inputs(dtype, length, seed), root)
+
+
+def test_duplicated_messages_are_not_counted_twice() -> None:
+    def twice(src: str, dst: str, message: Message) -> int:
+        return 2 if isinstance(message, ChunkMessage) else 1
+
+    d = deploy(3, faults=twice)
+    data = {r: np.full(10, r + 1, dtype=np.int32) for r in range(WORLD)}
+    results = d.collective(GROUP, {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=data[r]) for r in range(WORLD)})
+    result = identical(results)
+    assert result is not None and result.tolist() == [sum(range(1, WORLD + 1))] * 10
+
+
+class Tamper:
+    """An aggregator that, once ``active``, flips a bit in every Result it sends."""
+
+    def __init__(self, inner: AggregatorMachine) -> None:
+        self.inner = inner
+        self.active = False
+
+    def handle(self, event: Input, now: float) -> list[Command]:
+        out = self.inner.handle(event, now)
+        if not self.active:
+            return out
+        return [self._flip(c) for c in out]
+
+    def next_deadline(self) -> float | None:
+        return self.inner.next_deadline()
+
+    @staticmethod
+    def _flip(command: Command) -> Command:
+        if isinstance(command, SendMessage) and isinstance(command.message, Result) and command.message.payload:
+            message = command.message
+            payload_bytes = bytes([message.payload[0] ^ 1]) + message.payload[1:]
+            return SendMessage(command.peer, dataclasses.replace(message, payload=payload_bytes))
+        return command
+
+
+def test_a_tampered_aggregate_fails_verification_everywhere() -> None:
+    tampers: dict[str, Tamper] = {}
+
+    def wrap(node_id: str, machine: AggregatorMachine) -> Tamper:
+        tampers[node_id] = Tamper(machine)
+        return tampers[node_id]
+
+    d = deploy(5, wrap=wrap)
+    (root,) = [a for a in d.aggregators if d.aggregator(a).group_parent(GROUP) is None]
+    tampers[root].active = True
+    data = inputs(DType.INT32, 9, 5)
+    results = d.collective(GROUP, {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=data[r]) for r in range(WORLD)})
+    assert len(results) == WORLD
+    for outcome in results.values():
+        assert isinstance(outcome, OperationFailed)
+        assert outcome.error.code is ErrorCode.VERIFICATION_FAILED
+        assert GROUP.hex() in str(outcome.error)
+
+
+def test_two_groups_on_shared_aggregators_are_independent() -> None:
+    groups = [GroupSpec(GROUP, WORLD, name="a"), GroupSpec(OTHER, WORLD, name="b")]
+    d = build_cluster(groups, aggregators=3, params=PARAMS, max_fan_in=4, seed=11)
+    shared = [a for a in d.aggregators if d.aggregator(a).group_state(GROUP) is d.aggregator(a).group_state(OTHER)]
+    assert shared, "the groups share aggregators"
+    data_a = {r: np.full(5, r, dtype=np.int64) for r in range(WORLD)}
+    data_b = {r: np.full(7, 100 * r, dtype=np.int64) for r in range(WORLD)}
+    ops_a = d.start(GROUP, {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=data_a[r]) for r in range(WORLD)})
+    ops_b = d.start(OTHER, {r: CollectiveRequest(kind=Collective.ALL_GATHER, array=data_b[r]) for r in range(WORLD)})
+    d.cluster.run(lambda: len(d.outcomes(GROUP, ops_a)) == len(d.outcomes(OTHER, ops_b)) == WORLD)
+    a = identical(d.outcomes(GROUP, ops_a))
+    b = identical(d.outcomes(OTHER, ops_b))
+    assert a is not None and a.tolist() == [sum(range(WORLD))] * 5
+    assert b is not None and b.tolist() == [[100 * r] * 7 for r in range(WORLD)]
+
+
+class Forger:
+    """An endpoint of one group that also pushes a chunk into another group."""
+
+    def __init__(self, inner: EndpointMachine, target: bytes) -> None:
+        self.inner = inner
+        self.target = target
+        self.done = False
+
+    def handle(self, event: Input, now: float) -> list[Command]:
+        return self._inject(self.inner.handle(event, now))
+
+    def start(self, request: CollectiveRequest, now: float) -> tuple[int, list[Command]]:
+        op_id, out = self.inner.start(request, now)
+        return op_id, self._inject(out)
+
+    def next_deadline(self) -> float | None:
+        return self.inner.next_deadline()
+
+    def _inject(self, out: list[Command]) -> list[Command]:
+        for command in list(out):
+            if self.done or not (isinstance(command, SendMessage) and isinstance(command.message, Contribution)):
+                continue
+            self.done = True
+            keys = payload.derive_group_keys(bytes(32), self.target)  # it has no key for the target group
+            header = dataclasses.replace(payload.ChunkHeader.of(command.message), group_id=self.target)
+            values = np.full(header.element_count, 10**6, dtype=np.int64)
+            out.append(SendMessage(command.peer, payload.seal(keys, header, 0, values)))
+        return out
+
+
+def test_a_member_of_one_group_cannot_send_into_another() -> None:
+    groups = [GroupSpec(GROUP, WORLD, name="a"), GroupSpec(OTHER, WORLD, name="b")]
+    d = build_cluster(groups, aggregators=3, params=PARAMS, max_fan_in=4, seed=12)
+    d.cluster.record = True
+    forger_id = groups[0].endpoint_id(0)
+    node = d.cluster.nodes[forger_id]
+    assert isinstance(node.machine, EndpointMachine)
+    forger = Forger(node.machine, OTHER)
+    node.machine = forger
+    ops_b = d.start(OTHER, {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=np.ones(4, np.int32)) for r in range(WORLD)})
+    op_a = d.cluster.call_with_result(
+        forger_id, lambda now: forger.start(CollectiveRequest(kind=Collective.BARRIER), now)
+    )
+    d.cluster.run(lambda: len(d.outcomes(OTHER, ops_b)) == WORLD)
+    assert forger.done
+    refusals = [
+        x.message.code
+        for x in d.cluster.deliveries
+        if x.destination == forger_id and isinstance(x.message, Error)
+    ]
+    assert refusals == [ErrorCode.UNAUTHORIZED]
+    b = identical(d.outcomes(OTHER, ops_b))
+    assert b is not None and b.tolist() == [WORLD] * 4  # the forged 10**6 went nowhere
+    assert op_a == 0
+
+
+def test_a_timeout_names_the_missing_rank() -> None:
+    d = deploy(7)
+    present = {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=np.ones(6, np.int32)) for r in range(WORLD) if r != 5}
+    results = d.collective(GROUP, present, duration=30)
+    assert set(results) == set(present)
+    for outcome in results.values():
+        assert isinstance(outcome, OperationFailed)
+        error = outcome.error
+        assert isinstance(error, OperationError)
+        assert error.code is ErrorCode.TIMEOUT and error.missing_ranks == frozenset({5})
+        assert "missing ranks {5}" in str(error) and GROUP.hex() in str(error)
+    assert d.cluster.now < PARAMS.operation_timeout_ms / 1000 * 2  # the tree's Abort beat the local deadlines
+
+
+def test_a_dropped_contribution_is_blamed_on_its_rank() -> None:
+    def lose_rank_three(src: str, dst: str, message: Message) -> int:
+        return 0 if src == "g-ep3" and isinstance(message, Contribution) and message.chunk_index == 1 else 1
+
+    d = deploy(8, faults=lose_rank_three)
+    results = d.collective(
+        GROUP, {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=np.ones(12, np.int32)) for r in range(WORLD)}
+    )
+    for outcome in results.values():
+        assert isinstance(outcome, OperationFailed) and isinstance(outcome.error, OperationError)
+        assert outcome.error.code is ErrorCode.TIMEOUT and outcome.error.missing_ranks == frozenset({3})
+
+
+def test_aggregator_memory_is_bounded_by_window_times_chunk() -> None:
+    """4 Mi int32 elements per rank in chunks of 16 Ki: each aggregator holds at most
+    ``window`` chunk aggregates, never the tensor."""
+    params = GroupParams(chunk_elements=16384, window=4, heartbeat_interval_ms=1000, operation_timeout_ms=60_000)
+    world = 4
+    d = build_cluster(
+        [GroupSpec(GROUP, world)], aggregators=3, params=params, max_fan_in=2, seed=1, reencode=False
+    )
+    n = 4 << 20
+    rng = np.random.default_rng(0)
+    data = {r: rng.integers(-(1 << 27), 1 << 27, n).astype(np.int32) for r in range(world)}
+    results = d.collective(
+        GROUP, {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=data[r]) for r in range(world)}, duration=600
+    )
+    result = identical(results)
+    assert result is not None
+    assert np.array_equal(result, sum(data[r].astype(np.int64) for r in range(world)).astype(np.int32))
+    bound = params.window * params.chunk_elements * 8  # eight bytes is the widest element
+    peaks = {a: d.aggregator(a).peak_slot_bytes for a in d.aggregators}
+    print(f"\npeak slot bytes per aggregator for a {4 * n} byte tensor: {peaks} (bound {bound})")
+    assert all(0 < peak <= bound for peak in peaks.values())
+    assert all(d.aggregator(a).slot_bytes == 0 for a in d.aggregators)
+
+
+def test_losing_an_endpoint_fails_in_flight_operations_then_the_rest_continue() -> None:
+    d = deploy(9)
+    requests = {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=np.ones(40, np.int32)) for r in range(WORLD) if r != 6}
+    op_ids = d.start(GROUP, requests)
+    d.cluster.kill("g-ep6")
+    d.cluster.run(lambda: len(d.outcomes(GROUP, op_ids)) == len(op_ids))
+    for outcome in d.outcomes(GROUP, op_ids).values():
+        assert isinstance(outcome, OperationFailed) and isinstance(outcome.error, OperationError)
+        assert outcome.error.code is ErrorCode.PEER_LOST and outcome.error.missing_ranks == frozenset({6})
+    live = [r for r in range(WORLD) if r != 6]
+    d.cluster.run(lambda: all(d.endpoint(GROUP, r).state is SessionState.READY for r in live))
+    assert all(d.endpoint(GROUP, r).members == frozenset(live) for r in live)
+    data = {r: np.full(3, 7 * r, np.int32) for r in live}
+    results = d.collective(GROUP, {r: CollectiveRequest(kind=Collective.ALL_REDUCE, op=ReduceOp.AVG, array=data[r]) for r in live})
+    result = identical(results)
+    assert result is not None and result.tolist() == [round(Fraction(7 * sum(live), len(live)))] * 3
+
+
+def test_losing_an_aggregator_replans_the_tree() -> None:
+    params = dataclasses.replace(PARAMS, heartbeat_interval_ms=100)
+    d = build_cluster([GroupSpec(GROUP, WORLD)], aggregators=3, params=params, max_fan_in=5, seed=10)
+    leaf = next(a for a in d.aggregators if d.aggregator(a).group_parent(GROUP) is not None)
+    d.cluster.kill(leaf)
+    d.cluster.run(lambda: all(d.endpoint(GROUP, r).state is SessionState.READY and d.endpoint(GROUP, r).epoch > 1 for r in range(WORLD)), duration=10)
+    data = inputs(DType.INT32, 11, 10)
+    run_and_check(d, Collective.ALL_REDUCE, ReduceOp.SUM, DType.INT32, data)
+
+
+def test_a_member_leaving_starts_a_new_epoch() -> None:
+    d = deploy(13)
+    d.cluster.call("g-ep7", lambda now: d.endpoint(GROUP, 7).leave(now))
+    live = list(range(7))
+    d.cluster.run(lambda: all(d.endpoint(GROUP, r).members == frozenset(live) and d.endpoint(GROUP, r).state is SessionState.READY for r in live))
+    data = {r: np.full(2, r, np.int32) for r in live}
+    result = identical(d.collective(GROUP, {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=data[r]) for r in live}))
+    assert result is not None and result.tolist() == [sum(live)] * 2
+
+
+def test_non_blocking_operations_complete_in_call_order() -> None:
+    d = deploy(14)
+    data = inputs(DType.FLOAT32, 10, 14)
+    first = d.start(GROUP, {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=data[r]) for r in range(WORLD)})
+    second = d.start(GROUP, {r: CollectiveRequest(kind=Collective.BROADCAST, array=data[r], root=2) for r in range(WORLD)})
+    third = d.start(GROUP, {r: CollectiveRequest(kind=Collective.ALL_GATHER, array=data[r]) for r in range(WORLD)})
+    assert set(first.values()) == {0} and set(second.values()) == {1} and set(third.values()) == {2}
+    d.cluster.run(lambda: all(len(d.outcomes(GROUP, ops)) == WORLD for ops in (first, second, third)))
+    reduced = identical(d.outcomes(GROUP, first))
+    assert reduced is not None
+    assert_reduction(reduced, reduce_reference([data[r] for r in range(WORLD)], ReduceOp.SUM, DType.FLOAT32), DType.FLOAT32, WORLD)
+    assert identical(d.outcomes(GROUP, second)).tobytes() == data[2].tobytes()  # type: ignore[union-attr]
+    assert identical(d.outcomes(GROUP, third)).tobytes() == np.stack([data[r] for r in range(WORLD)]).tobytes()  # type: ignore[union-attr]
+
+
+def test_broadcast_receivers_may_start_after_the_root_finished() -> None:
+    d = deploy(15)
+    data = np.arange(30, dtype=np.float64) * np.pi
+    root_op = d.start(GROUP, {4: CollectiveRequest(kind=Collective.BROADCAST, array=data, root=4)})
+    d.cluster.run(lambda: len(d.outcomes(GROUP, root_op)) == 1)
+    late = {r: CollectiveRequest(kind=Collective.BROADCAST, array=np.zeros(30), root=4) for r in range(WORLD) if r != 4}
+    results = d.collective(GROUP, late)
+    assert identical(results).tobytes() == data.tobytes()  # type: ignore[union-attr]
+
+
+# --- the draft shows the diagrams the code runs ---------------------------------------------
+
+
+def diagrams() -> dict[str, str]:
+    """Every transition table of the data-plane machines, as the draft's figures."""
+    tables = [*aggregator.TABLES, *endpoint.TABLES]
+    return {table.name: table.to_ascii() for table in tables}
+
+
+def test_collectives_section_shows_the_generated_state_diagrams() -> None:
+    text = SPEC.read_text()
+    artworks = re.findall(r"<artwork[^>]*><!\[CDATA\[\n(.*?)\]\]></artwork>", text, flags=re.S)
+    for name, figure in diagrams().items():
+        assert figure.rstrip("\n") + "\n" in artworks or figure + "\n" in [a for a in artworks], (
+            f"spec/sections/collectives.xml lacks the current diagram of {name!r}; regenerate it with "
+            f"`python -m tests.test_cluster_sim`"
+        )
+
+
+if __name__ == "__main__":  # prints the figures to paste into the draft
+    for figure in diagrams().values():
+        print(figure, end="\n\n")
