@@ -64,7 +64,9 @@ class Cluster:
         for i in range(self.aggregators):
             listening = NodeService(
                 AggregatorMachine(AggregatorConfig(address=Address(host="127.0.0.1", port=1), max_fan_in=2)),
-                f"agg-{i}", Role.AGGREGATOR, self.transport(f"agg-{i}"),
+                f"agg-{i}",
+                Role.AGGREGATOR,
+                self.transport(f"agg-{i}"),
             )
             # Bind first to learn the port, then give the machine its real address.
             _, agg_port = await listening.listen("127.0.0.1", 0)
@@ -83,8 +85,9 @@ class Cluster:
         raise KeyError(node_id)
 
     async def join(self, group: bytes, names: list[str], world_size: int | None = None) -> list[Communicator]:
-        spec = GroupSpec(group_id=group, world_size=world_size or len(names), credential=b"pw",
-                         rendezvous=self.rendezvous)
+        spec = GroupSpec(
+            group_id=group, world_size=world_size or len(names), credential=b"pw", rendezvous=self.rendezvous
+        )
         comms = await asyncio.gather(
             *[Communicator.join(spec, name, self.transport(name), timeout=20) for name in names]
         )
@@ -140,16 +143,29 @@ def test_member_of_group_a_cannot_send_into_group_b(pki: Path) -> None:
             group_b = await cluster.join(GROUP_B, ["b-0", "b-1"])
             # a-0 dials the shared aggregator itself and injects a chunk into group B,
             # claiming to be rank 0 of B.
-            identity = LocalIdentity(node_id="a-0", role=Role.ENDPOINT,
-                                     capabilities=cluster.services[0].identity.capabilities)
-            host, port = cluster.rendezvous.split(":")
+            identity = LocalIdentity(
+                node_id="a-0", role=Role.ENDPOINT, capabilities=cluster.services[0].identity.capabilities
+            )
             agg = next(s for s in cluster.services if s.identity.node_id == "agg-0")
             assert agg.server is not None
-            link = await connect("127.0.0.1", agg.server.address[1], cluster.transport("a-0"), identity, "agg-0")
+            link = await connect(
+                "127.0.0.1", agg.server.address[1], cluster.transport("a-0"), identity, "agg-0"
+            )
             forged = Contribution(
-                group_id=GROUP_B, epoch=group_b[0].epoch, op_id=0, kind=Collective.ALL_REDUCE,
-                op=ReduceOp.SUM, dtype=DType.INT32, scale=0, total_elements=4, chunk_elements=1024,
-                chunk_index=0, contributors=bitmap_from_ranks([0]), width=1, payload=b"\x63" * 4, tag=1,
+                group_id=GROUP_B,
+                epoch=group_b[0].epoch,
+                op_id=0,
+                kind=Collective.ALL_REDUCE,
+                op=ReduceOp.SUM,
+                dtype=DType.INT32,
+                scale=0,
+                total_elements=4,
+                chunk_elements=1024,
+                chunk_index=0,
+                contributors=bitmap_from_ranks([0]),
+                width=1,
+                payload=b"\x63" * 4,
+                tag=1,
             )
             link.send(forged)
             reply = await asyncio.wait_for(link.receive(), 10)
@@ -172,7 +188,9 @@ def test_endpoint_with_certificate_from_another_ca_is_refused(pki: Path, tmp_pat
     create_dev_pki(foreign, [("a-0", Role.ENDPOINT)])
     # The intruder trusts the real CA (so it could verify the rendezvous) but its own
     # certificate comes from another CA.
-    intruder = TransportConfig(ca_file=pki / "ca.pem", cert_file=foreign / "a-0.pem", key_file=foreign / "a-0.key")
+    intruder = TransportConfig(
+        ca_file=pki / "ca.pem", cert_file=foreign / "a-0.pem", key_file=foreign / "a-0.key"
+    )
 
     async def scenario() -> None:
         cluster = Cluster(pki, aggregators=1)
@@ -234,7 +252,9 @@ def test_blocking_api_and_non_blocking_handles(pki: Path) -> None:
         for t in threads:
             t.join(30)
         assert all(c is not None for c in comms)
-        handles = [c.start_all_reduce(np.full(8, c.rank + 1.5, dtype=np.float32), ReduceOp.AVG) for c in comms]
+        handles = [
+            c.start_all_reduce(np.full(8, c.rank + 1.5, dtype=np.float32), ReduceOp.AVG) for c in comms
+        ]
         results = [h.result(30) for h in handles]
         assert all(np.array_equal(r, np.full(8, 2.0, dtype=np.float32)) for r in results)
         gathered = [None, None]
