@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
 
@@ -27,7 +28,16 @@ from cco.wire import payload
 from cco.wire.dtypes import ELEMENT_TYPES, round_to_bfloat16
 from cco.wire.errors import ErrorCode
 from cco.wire.fixedpoint import contribution_bound, default_scale
-from cco.wire.messages import ChunkMessage, Contribution, Error, GroupParams, Message, Result
+from cco.wire.messages import (
+    ChunkMessage,
+    Contribution,
+    Error,
+    GroupParams,
+    Message,
+    PartialAggregate,
+    Result,
+    encode_message,
+)
 from cco.wire.registries import Collective, DType, ReduceOp
 
 GROUP = bytes.fromhex("0c" * 16)
@@ -39,7 +49,12 @@ SPEC = Path(__file__).resolve().parent.parent / "spec" / "sections" / "collectiv
 
 def deploy(seed: int = 0, *, world: int = WORLD, **kw: object) -> Deployment:
     return build_cluster(
-        [GroupSpec(GROUP, world)], aggregators=3, params=PARAMS, max_fan_in=4, seed=seed, **kw  # type: ignore[arg-type]
+        [GroupSpec(GROUP, world)],
+        aggregators=3,
+        params=PARAMS,
+        max_fan_in=4,
+        seed=seed,
+        **kw,  # type: ignore[arg-type]
     )
 
 
@@ -108,7 +123,12 @@ def identical(results: dict[int, Command]) -> np.ndarray | None:
 
 
 def run_and_check(
-    d: Deployment, kind: Collective, op: ReduceOp, dtype: DType, data: dict[int, np.ndarray], root: int | None = None
+    d: Deployment,
+    kind: Collective,
+    op: ReduceOp,
+    dtype: DType,
+    data: dict[int, np.ndarray],
+    root: int | None = None,
 ) -> None:
     """Run one collective on every rank and compare each result with the reference."""
     world = len(data)
@@ -200,11 +220,17 @@ def _any_case(draw: st.DrawFn) -> tuple[Collective, ReduceOp, DType, int, int]:
     dtype = draw(st.sampled_from(list(DType)))
     kind = draw(st.sampled_from(list(Collective)))
     if kind in _REDUCTIONS:
-        ops = [o for o in ReduceOp if not (ELEMENT_TYPES[dtype].is_float and o in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR))]
+        ops = [
+            o
+            for o in ReduceOp
+            if not (ELEMENT_TYPES[dtype].is_float and o in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR))
+        ]
         op = draw(st.sampled_from(ops))
     else:
         op = ReduceOp.SUM
-    length = WORLD * draw(st.integers(0, 3)) if kind is Collective.REDUCE_SCATTER else draw(st.integers(0, 13))
+    length = (
+        WORLD * draw(st.integers(0, 3)) if kind is Collective.REDUCE_SCATTER else draw(st.integers(0, 13))
+    )
     return kind, op, dtype, length, draw(st.integers(0, 10_000))
 
 
@@ -223,7 +249,9 @@ def test_duplicated_messages_are_not_counted_twice() -> None:
 
     d = deploy(3, faults=twice)
     data = {r: np.full(10, r + 1, dtype=np.int32) for r in range(WORLD)}
-    results = d.collective(GROUP, {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=data[r]) for r in range(WORLD)})
+    results = d.collective(
+        GROUP, {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=data[r]) for r in range(WORLD)}
+    )
     result = identical(results)
     assert result is not None and result.tolist() == [sum(range(1, WORLD + 1))] * 10
 
@@ -246,7 +274,11 @@ class Tamper:
 
     @staticmethod
     def _flip(command: Command) -> Command:
-        if isinstance(command, SendMessage) and isinstance(command.message, Result) and command.message.payload:
+        if (
+            isinstance(command, SendMessage)
+            and isinstance(command.message, Result)
+            and command.message.payload
+        ):
             message = command.message
             payload_bytes = bytes([message.payload[0] ^ 1]) + message.payload[1:]
             return SendMessage(command.peer, dataclasses.replace(message, payload=payload_bytes))
@@ -264,7 +296,9 @@ def test_a_tampered_aggregate_fails_verification_everywhere() -> None:
     (root,) = [a for a in d.aggregators if d.aggregator(a).group_parent(GROUP) is None]
     tampers[root].active = True
     data = inputs(DType.INT32, 9, 5)
-    results = d.collective(GROUP, {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=data[r]) for r in range(WORLD)})
+    results = d.collective(
+        GROUP, {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=data[r]) for r in range(WORLD)}
+    )
     assert len(results) == WORLD
     for outcome in results.values():
         assert isinstance(outcome, OperationFailed)
@@ -275,12 +309,18 @@ def test_a_tampered_aggregate_fails_verification_everywhere() -> None:
 def test_two_groups_on_shared_aggregators_are_independent() -> None:
     groups = [GroupSpec(GROUP, WORLD, name="a"), GroupSpec(OTHER, WORLD, name="b")]
     d = build_cluster(groups, aggregators=3, params=PARAMS, max_fan_in=4, seed=11)
-    shared = [a for a in d.aggregators if d.aggregator(a).group_state(GROUP) is d.aggregator(a).group_state(OTHER)]
+    shared = [
+        a for a in d.aggregators if d.aggregator(a).group_state(GROUP) is d.aggregator(a).group_state(OTHER)
+    ]
     assert shared, "the groups share aggregators"
     data_a = {r: np.full(5, r, dtype=np.int64) for r in range(WORLD)}
     data_b = {r: np.full(7, 100 * r, dtype=np.int64) for r in range(WORLD)}
-    ops_a = d.start(GROUP, {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=data_a[r]) for r in range(WORLD)})
-    ops_b = d.start(OTHER, {r: CollectiveRequest(kind=Collective.ALL_GATHER, array=data_b[r]) for r in range(WORLD)})
+    ops_a = d.start(
+        GROUP, {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=data_a[r]) for r in range(WORLD)}
+    )
+    ops_b = d.start(
+        OTHER, {r: CollectiveRequest(kind=Collective.ALL_GATHER, array=data_b[r]) for r in range(WORLD)}
+    )
     d.cluster.run(lambda: len(d.outcomes(GROUP, ops_a)) == len(d.outcomes(OTHER, ops_b)) == WORLD)
     a = identical(d.outcomes(GROUP, ops_a))
     b = identical(d.outcomes(OTHER, ops_b))
@@ -308,7 +348,9 @@ class Forger:
 
     def _inject(self, out: list[Command]) -> list[Command]:
         for command in list(out):
-            if self.done or not (isinstance(command, SendMessage) and isinstance(command.message, Contribution)):
+            if self.done or not (
+                isinstance(command, SendMessage) and isinstance(command.message, Contribution)
+            ):
                 continue
             self.done = True
             keys = payload.derive_group_keys(bytes(32), self.target)  # it has no key for the target group
@@ -327,7 +369,10 @@ def test_a_member_of_one_group_cannot_send_into_another() -> None:
     assert isinstance(node.machine, EndpointMachine)
     forger = Forger(node.machine, OTHER)
     node.machine = forger
-    ops_b = d.start(OTHER, {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=np.ones(4, np.int32)) for r in range(WORLD)})
+    ops_b = d.start(
+        OTHER,
+        {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=np.ones(4, np.int32)) for r in range(WORLD)},
+    )
     op_a = d.cluster.call_with_result(
         forger_id, lambda now: forger.start(CollectiveRequest(kind=Collective.BARRIER), now)
     )
@@ -346,7 +391,11 @@ def test_a_member_of_one_group_cannot_send_into_another() -> None:
 
 def test_a_timeout_names_the_missing_rank() -> None:
     d = deploy(7)
-    present = {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=np.ones(6, np.int32)) for r in range(WORLD) if r != 5}
+    present = {
+        r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=np.ones(6, np.int32))
+        for r in range(WORLD)
+        if r != 5
+    }
     results = d.collective(GROUP, present, duration=30)
     assert set(results) == set(present)
     for outcome in results.values():
@@ -364,17 +413,60 @@ def test_a_dropped_contribution_is_blamed_on_its_rank() -> None:
 
     d = deploy(8, faults=lose_rank_three)
     results = d.collective(
-        GROUP, {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=np.ones(12, np.int32)) for r in range(WORLD)}
+        GROUP,
+        {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=np.ones(12, np.int32)) for r in range(WORLD)},
     )
     for outcome in results.values():
         assert isinstance(outcome, OperationFailed) and isinstance(outcome.error, OperationError)
         assert outcome.error.code is ErrorCode.TIMEOUT and outcome.error.missing_ranks == frozenset({3})
 
 
+class LoseFirst:
+    """Drops the first copy of each message ``matches`` selects, and nothing else."""
+
+    def __init__(self, matches: Callable[[str, str, Message], bool]) -> None:
+        self.matches = matches
+        self.seen: set[tuple[str, str, bytes]] = set()
+        self.dropped = 0
+
+    def __call__(self, src: str, dst: str, message: Message) -> int:
+        key = (src, dst, encode_message(message))
+        if not self.matches(src, dst, message) or key in self.seen:
+            return 1
+        self.seen.add(key)
+        self.dropped += 1
+        return 0
+
+
+@pytest.mark.parametrize("what", ["contribution", "partial aggregate"])
+def test_a_lost_chunk_is_asked_for_again_and_the_operation_completes(what: str) -> None:
+    """At half the timeout an aggregator asks the children it misses to send again;
+    identical copies make it whole, and what did arrive is not counted twice.  (A
+    chunk lost by every child of a slot opens no slot, so nothing asks for it: that
+    operation times out; QUIC streams do not lose messages, so only a faulty
+    aggregator can do that.)"""
+    leaf: list[str] = []
+
+    def matches(src: str, dst: str, message: Message) -> bool:
+        if what == "contribution":
+            return src == "g-ep2" and isinstance(message, Contribution) and message.chunk_index == 1
+        return src in leaf and isinstance(message, PartialAggregate) and message.chunk_index == 0
+
+    lose = LoseFirst(matches)
+    d = deploy(16, faults=lose)
+    leaf.append(next(a for a in d.aggregators if d.aggregator(a).group_parent(GROUP) is not None))
+    data = inputs(DType.INT32, 12, 16)
+    run_and_check(d, Collective.ALL_REDUCE, ReduceOp.SUM, DType.INT32, data)
+    assert lose.dropped == 1
+    assert d.cluster.now == pytest.approx(PARAMS.operation_timeout_ms / 2000)  # recovered at half the timeout
+
+
 def test_aggregator_memory_is_bounded_by_window_times_chunk() -> None:
     """4 Mi int32 elements per rank in chunks of 16 Ki: each aggregator holds at most
     ``window`` chunk aggregates, never the tensor."""
-    params = GroupParams(chunk_elements=16384, window=4, heartbeat_interval_ms=1000, operation_timeout_ms=60_000)
+    params = GroupParams(
+        chunk_elements=16384, window=4, heartbeat_interval_ms=1000, operation_timeout_ms=60_000
+    )
     world = 4
     d = build_cluster(
         [GroupSpec(GROUP, world)], aggregators=3, params=params, max_fan_in=2, seed=1, reencode=False
@@ -383,7 +475,9 @@ def test_aggregator_memory_is_bounded_by_window_times_chunk() -> None:
     rng = np.random.default_rng(0)
     data = {r: rng.integers(-(1 << 27), 1 << 27, n).astype(np.int32) for r in range(world)}
     results = d.collective(
-        GROUP, {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=data[r]) for r in range(world)}, duration=600
+        GROUP,
+        {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=data[r]) for r in range(world)},
+        duration=600,
     )
     result = identical(results)
     assert result is not None
@@ -397,7 +491,11 @@ def test_aggregator_memory_is_bounded_by_window_times_chunk() -> None:
 
 def test_losing_an_endpoint_fails_in_flight_operations_then_the_rest_continue() -> None:
     d = deploy(9)
-    requests = {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=np.ones(40, np.int32)) for r in range(WORLD) if r != 6}
+    requests = {
+        r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=np.ones(40, np.int32))
+        for r in range(WORLD)
+        if r != 6
+    }
     op_ids = d.start(GROUP, requests)
     d.cluster.kill("g-ep6")
     d.cluster.run(lambda: len(d.outcomes(GROUP, op_ids)) == len(op_ids))
@@ -408,7 +506,10 @@ def test_losing_an_endpoint_fails_in_flight_operations_then_the_rest_continue() 
     d.cluster.run(lambda: all(d.endpoint(GROUP, r).state is SessionState.READY for r in live))
     assert all(d.endpoint(GROUP, r).members == frozenset(live) for r in live)
     data = {r: np.full(3, 7 * r, np.int32) for r in live}
-    results = d.collective(GROUP, {r: CollectiveRequest(kind=Collective.ALL_REDUCE, op=ReduceOp.AVG, array=data[r]) for r in live})
+    results = d.collective(
+        GROUP,
+        {r: CollectiveRequest(kind=Collective.ALL_REDUCE, op=ReduceOp.AVG, array=data[r]) for r in live},
+    )
     result = identical(results)
     assert result is not None and result.tolist() == [round(Fraction(7 * sum(live), len(live)))] * 3
 
@@ -418,7 +519,13 @@ def test_losing_an_aggregator_replans_the_tree() -> None:
     d = build_cluster([GroupSpec(GROUP, WORLD)], aggregators=3, params=params, max_fan_in=5, seed=10)
     leaf = next(a for a in d.aggregators if d.aggregator(a).group_parent(GROUP) is not None)
     d.cluster.kill(leaf)
-    d.cluster.run(lambda: all(d.endpoint(GROUP, r).state is SessionState.READY and d.endpoint(GROUP, r).epoch > 1 for r in range(WORLD)), duration=10)
+    d.cluster.run(
+        lambda: all(
+            d.endpoint(GROUP, r).state is SessionState.READY and d.endpoint(GROUP, r).epoch > 1
+            for r in range(WORLD)
+        ),
+        duration=10,
+    )
     data = inputs(DType.INT32, 11, 10)
     run_and_check(d, Collective.ALL_REDUCE, ReduceOp.SUM, DType.INT32, data)
 
@@ -427,25 +534,46 @@ def test_a_member_leaving_starts_a_new_epoch() -> None:
     d = deploy(13)
     d.cluster.call("g-ep7", lambda now: d.endpoint(GROUP, 7).leave(now))
     live = list(range(7))
-    d.cluster.run(lambda: all(d.endpoint(GROUP, r).members == frozenset(live) and d.endpoint(GROUP, r).state is SessionState.READY for r in live))
+    d.cluster.run(
+        lambda: all(
+            d.endpoint(GROUP, r).members == frozenset(live)
+            and d.endpoint(GROUP, r).state is SessionState.READY
+            for r in live
+        )
+    )
     data = {r: np.full(2, r, np.int32) for r in live}
-    result = identical(d.collective(GROUP, {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=data[r]) for r in live}))
+    result = identical(
+        d.collective(GROUP, {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=data[r]) for r in live})
+    )
     assert result is not None and result.tolist() == [sum(live)] * 2
 
 
 def test_non_blocking_operations_complete_in_call_order() -> None:
     d = deploy(14)
     data = inputs(DType.FLOAT32, 10, 14)
-    first = d.start(GROUP, {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=data[r]) for r in range(WORLD)})
-    second = d.start(GROUP, {r: CollectiveRequest(kind=Collective.BROADCAST, array=data[r], root=2) for r in range(WORLD)})
-    third = d.start(GROUP, {r: CollectiveRequest(kind=Collective.ALL_GATHER, array=data[r]) for r in range(WORLD)})
+    first = d.start(
+        GROUP, {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=data[r]) for r in range(WORLD)}
+    )
+    second = d.start(
+        GROUP, {r: CollectiveRequest(kind=Collective.BROADCAST, array=data[r], root=2) for r in range(WORLD)}
+    )
+    third = d.start(
+        GROUP, {r: CollectiveRequest(kind=Collective.ALL_GATHER, array=data[r]) for r in range(WORLD)}
+    )
     assert set(first.values()) == {0} and set(second.values()) == {1} and set(third.values()) == {2}
     d.cluster.run(lambda: all(len(d.outcomes(GROUP, ops)) == WORLD for ops in (first, second, third)))
     reduced = identical(d.outcomes(GROUP, first))
     assert reduced is not None
-    assert_reduction(reduced, reduce_reference([data[r] for r in range(WORLD)], ReduceOp.SUM, DType.FLOAT32), DType.FLOAT32, WORLD)
+    assert_reduction(
+        reduced,
+        reduce_reference([data[r] for r in range(WORLD)], ReduceOp.SUM, DType.FLOAT32),
+        DType.FLOAT32,
+        WORLD,
+    )
     assert identical(d.outcomes(GROUP, second)).tobytes() == data[2].tobytes()  # type: ignore[union-attr]
-    assert identical(d.outcomes(GROUP, third)).tobytes() == np.stack([data[r] for r in range(WORLD)]).tobytes()  # type: ignore[union-attr]
+    assert (
+        identical(d.outcomes(GROUP, third)).tobytes() == np.stack([data[r] for r in range(WORLD)]).tobytes()
+    )  # type: ignore[union-attr]
 
 
 def test_broadcast_receivers_may_start_after_the_root_finished() -> None:
@@ -453,7 +581,11 @@ def test_broadcast_receivers_may_start_after_the_root_finished() -> None:
     data = np.arange(30, dtype=np.float64) * np.pi
     root_op = d.start(GROUP, {4: CollectiveRequest(kind=Collective.BROADCAST, array=data, root=4)})
     d.cluster.run(lambda: len(d.outcomes(GROUP, root_op)) == 1)
-    late = {r: CollectiveRequest(kind=Collective.BROADCAST, array=np.zeros(30), root=4) for r in range(WORLD) if r != 4}
+    late = {
+        r: CollectiveRequest(kind=Collective.BROADCAST, array=np.zeros(30), root=4)
+        for r in range(WORLD)
+        if r != 4
+    }
     results = d.collective(GROUP, late)
     assert identical(results).tobytes() == data.tobytes()  # type: ignore[union-attr]
 

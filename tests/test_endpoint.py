@@ -52,6 +52,7 @@ from cco.wire.messages import (
     Abort,
     Address,
     BroadcastData,
+    ChunkAck,
     ChunkMessage,
     Contribution,
     EpochChange,
@@ -65,6 +66,7 @@ from cco.wire.messages import (
     Message,
     NodeRef,
     Result,
+    RetransmitRequest,
     TreeAssignment,
 )
 from cco.wire.registries import Collective, DType, ReduceOp, Role
@@ -549,6 +551,17 @@ def test_reduce_non_root_gets_none_and_barrier_gets_none() -> None:
     assert isinstance(completed, OperationCompleted) and completed.result is None
 
 
+def test_retransmit_request_resends_identical_chunks() -> None:
+    rig = joined()
+    op_id, out = rig.start(int_request(list(range(12))))
+    first, second = sent(out, rig.parent, Contribution)
+    request = RetransmitRequest(group_id=GROUP, epoch=1, op_id=op_id, chunks=(1, 2, 0))
+    again = rig.from_parent(request)  # chunk 2 has not been sent yet: it will be, once
+    assert sent(again, rig.parent) == [first, second]
+    assert rig.machine.outstanding == 2
+    assert rig.from_parent(ChunkAck(group_id=GROUP, epoch=1, op_id=op_id, chunks=(0,))) == []
+
+
 def test_operations_leave_in_call_order_sharing_one_window() -> None:
     rig = joined()
     a, out_a = rig.start(int_request(list(range(12))))  # three chunks
@@ -621,6 +634,10 @@ def _session_input(rig: Rig, event: str, n: int) -> Input | Callable[[], list[Co
             parent, Abort(group_id=GROUP, epoch=epoch, op_id=n, code=ErrorCode.ABORTED, detail="")
         ),
         ep.ERROR_PARENT: MessageReceived(parent, Error(code=ErrorCode.RESOURCE_EXHAUSTED, detail="full")),
+        "RetransmitRequest": MessageReceived(
+            parent, RetransmitRequest(group_id=GROUP, epoch=epoch, op_id=n, chunks=(0,))
+        ),
+        "ChunkAck": MessageReceived(parent, ChunkAck(group_id=GROUP, epoch=epoch, op_id=n, chunks=(0,))),
     }
     return inputs[event]
 
@@ -684,17 +701,9 @@ def test_session_table_moves_are_all_realised() -> None:
 # --- the operation table: random input sequences -------------------------------------------
 
 _ACTIONS = [
-    "start",
-    "start_receiver",
-    "result",
-    "duplicate",
-    "tampered",
-    "forged",
-    "abort",
-    "deadline",
-    "epoch",
-    "parent",
-]
+    "start", "start_receiver", "result", "duplicate", "tampered", "forged", "retransmit", "abort", "deadline",
+    "epoch", "parent",
+]  # fmt: skip
 
 
 class _Recorder:
@@ -754,6 +763,14 @@ def _run_operations(
                 own = payload.seal(KEYS, header, RANK, np.zeros(header.element_count, dtype=np.int64))
                 good = result_for(own)
                 out = rig.from_parent(dataclasses.replace(good, tag=(good.tag or 0) ^ 1))
+            elif action == "retransmit" and rig.parent and sent_chunks:
+                op_id, index = sorted(sent_chunks)[n % len(sent_chunks)]
+                request = RetransmitRequest(
+                    group_id=GROUP, epoch=rig.machine.epoch, op_id=op_id, chunks=(index,)
+                )
+                out = rig.from_parent(request)
+                for again in sent(out, rig.parent, Contribution):
+                    assert again == sent_chunks[(again.op_id, again.chunk_index)], "a copy is identical"
             elif action == "abort" and rig.parent:
                 op_id = n % max(1, rig.machine._next_op_id)
                 out = rig.from_parent(

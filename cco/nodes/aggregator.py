@@ -52,6 +52,7 @@ from cco.wire.messages import (
     AggregatorAccept,
     AggregatorRegister,
     BroadcastData,
+    ChunkAck,
     ChunkMessage,
     Contribution,
     EpochChange,
@@ -60,6 +61,7 @@ from cco.wire.messages import (
     Message,
     PartialAggregate,
     Result,
+    RetransmitRequest,
     TreeAssignment,
 )
 from cco.wire.registries import Role
@@ -108,6 +110,8 @@ PART = "part"
 LAST_PART = "last part"
 RETRANSMISSION = "retransmission"
 CONFLICT = "conflicting part"
+HALF_TIMEOUT = "half timeout"
+ASKED_AGAIN = "RetransmitRequest"
 TIMEOUT = "timeout"
 ABORT = "abort"
 
@@ -173,9 +177,17 @@ _C, _A = SlotState.COLLECTING, SlotState.ABORTED
 SLOT_TABLE: TransitionTable[SlotState] = TransitionTable(
     "aggregator slot",
     {
-        _C: {PART: _C, LAST_PART: SlotState.COMPLETE, RETRANSMISSION: _C, TIMEOUT: _A, ABORT: _A},
-        SlotState.COMPLETE: {RETRANSMISSION: SlotState.COMPLETE, ABORT: SlotState.COMPLETE},
-        _A: {PART: _A, LAST_PART: _A, RETRANSMISSION: _A, ABORT: _A},
+        _C: {
+            PART: _C,
+            LAST_PART: SlotState.COMPLETE,
+            RETRANSMISSION: _C,
+            HALF_TIMEOUT: _C,
+            ASKED_AGAIN: _C,
+            TIMEOUT: _A,
+            ABORT: _A,
+        },
+        SlotState.COMPLETE: {RETRANSMISSION: SlotState.COMPLETE, ASKED_AGAIN: _C, ABORT: SlotState.COMPLETE},
+        _A: {PART: _A, LAST_PART: _A, RETRANSMISSION: _A, ASKED_AGAIN: _A, ABORT: _A},
     },
 )
 
@@ -225,6 +237,7 @@ class _Slot:
     received: frozenset[int] = frozenset()
     aggregate: ChunkMessage | None = None
     extended: bool = False  # already waited the extra half timeout for a silent aggregator child
+    nudged: bool = False  # already asked the silent children to send again
 
 
 @dataclass(slots=True)
@@ -405,6 +418,7 @@ class AggregatorMachine:
             if group.retry_at is not None:
                 times.append(group.retry_at)
             times.extend(slot.deadline for slot in group.slots.values())
+            times.extend(s.opened + group.timeout / 2 for s in group.slots.values() if not s.nudged)
         return min(times, default=None)
 
     def handle(self, event: Input, now: float) -> list[Command]:
@@ -658,9 +672,9 @@ class AggregatorMachine:
 
     def _on_data_message(self, peer: PeerId, message: Message, now: float) -> list[Command]:
         info = self._peers.get(peer)
-        if isinstance(message, Heartbeat | Error):
-            return []  # liveness and reports from data peers need no answer
-        if not isinstance(message, ChunkMessage | Abort):
+        if isinstance(message, Heartbeat | Error | ChunkAck):
+            return []  # liveness and reports need no answer; a Result is the acknowledgement
+        if not isinstance(message, ChunkMessage | Abort | RetransmitRequest):
             return [
                 _refuse(
                     peer,
@@ -676,6 +690,8 @@ class AggregatorMachine:
             # any connection authenticated as the parent node: a node may reach its
             # children over a connection they opened for another group
             return self._on_chunk_down(group, peer, message, now)
+        if isinstance(message, RetransmitRequest):
+            return [_refuse(peer, message, ErrorCode.PROTOCOL_VIOLATION, "only a parent asks to send again")]
         return self._on_chunk_up(group, peer, info, message, now)
 
     def _on_chunk_up(
@@ -824,7 +840,7 @@ class AggregatorMachine:
             group.record.popitem(last=False)
 
     def _on_chunk_down(
-        self, group: _Group, peer: PeerId, message: ChunkMessage | Abort, now: float
+        self, group: _Group, peer: PeerId, message: ChunkMessage | Abort | RetransmitRequest, now: float
     ) -> list[Command]:
         if not GROUP_TABLE.allows(group.state, CHUNK_DOWN):
             return [_refuse(peer, message, ErrorCode.UNKNOWN_GROUP, "group is not assigned here")]
@@ -834,6 +850,8 @@ class AggregatorMachine:
         if isinstance(message, Abort):
             missing = ranks_from_bitmap(message.missing) if message.missing is not None else None
             return self._abort_op(group, message.op_id, message.code, message.detail, missing, up=False)
+        if isinstance(message, RetransmitRequest):
+            return self._asked_again(group, message, now)
         if not isinstance(message, Result | BroadcastData):
             return [
                 _refuse(
@@ -844,6 +862,67 @@ class AggregatorMachine:
                 )
             ]
         return self._send_down(group, message)
+
+    # --- retransmission ---------------------------------------------------------
+
+    def _nudge(self, group: _Group, now: float) -> list[Command]:
+        """At half the timeout, ask each child that has not sent a chunk to send it again.
+
+        Sealing is deterministic, so what comes back is identical to anything that
+        did arrive and is recognised as a retransmission; what was lost is replaced.
+        """
+        wanted: dict[tuple[str, int], list[int]] = {}
+        for (op_id, index), slot in group.slots.items():
+            if slot.nudged or slot.opened + group.timeout / 2 > now:
+                continue
+            slot.nudged = True
+            slot.state = SLOT_TABLE.next(slot.state, HALF_TIMEOUT)
+            for node_id in group.children:
+                if node_id not in slot.fingerprints:
+                    wanted.setdefault((node_id, op_id), []).append(index)
+        return self._ask(group, wanted)
+
+    def _asked_again(self, group: _Group, request: RetransmitRequest, now: float) -> list[Command]:
+        """The parent lacks chunks: pass the request on to the children that can supply them.
+
+        A chunk this node already completed is reopened: its children's copies, all
+        identical, rebuild the identical aggregate, which goes up again.
+        """
+        wanted: dict[tuple[str, int], list[int]] = {}
+        for index in request.chunks:
+            key = (request.op_id, index)
+            slot = group.slots.get(key) or group.record.get(key)
+            if slot is None or not SLOT_TABLE.allows(slot.state, ASKED_AGAIN):
+                continue
+            if slot.state is SlotState.COMPLETE:
+                if len(group.slots) >= group.window:
+                    continue
+                del group.record[key]
+                slot = _Slot(opened=now, deadline=now + group.timeout, state=SlotState.COMPLETE)
+                group.slots[key] = slot
+            slot.state = SLOT_TABLE.next(slot.state, ASKED_AGAIN)
+            if slot.state is SlotState.COLLECTING:
+                for node_id in group.children:
+                    if node_id not in slot.fingerprints:
+                        wanted.setdefault((node_id, request.op_id), []).append(index)
+        return self._ask(group, wanted)
+
+    def _ask(self, group: _Group, wanted: dict[tuple[str, int], list[int]]) -> list[Command]:
+        out: list[Command] = []
+        for (node_id, op_id), chunks in sorted(wanted.items()):
+            peer = self._node_peer.get(node_id)
+            if peer is None:
+                continue
+            for start in range(0, len(chunks), 4096):
+                request = RetransmitRequest(
+                    group_id=group.group_id,
+                    epoch=group.epoch,
+                    op_id=op_id,
+                    chunks=tuple(sorted(chunks)[start : start + 4096]),
+                    missing=bitmap_from_ranks(group.children[node_id]),
+                )
+                out.append(SendMessage(peer, request))
+        return out
 
     # --- sending ----------------------------------------------------------------
 
@@ -1033,6 +1112,7 @@ class AggregatorMachine:
             if group.retry_at is not None and group.retry_at <= now:
                 group.retry_at = None
                 out += self._group_event(group, PARENT_RETRY, now)
+            out += self._nudge(group, now)
             out += self._expire_slots(group, now)
         return out
 

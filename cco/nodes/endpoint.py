@@ -54,6 +54,7 @@ from cco.wire.messages import (
     MAX_TOTAL_ELEMENTS,
     Abort,
     BroadcastData,
+    ChunkAck,
     ChunkMessage,
     Contribution,
     EpochChange,
@@ -66,6 +67,7 @@ from cco.wire.messages import (
     Leave,
     Message,
     Result,
+    RetransmitRequest,
     TreeAssignment,
     chunk_count,
     chunk_length,
@@ -114,7 +116,14 @@ ERROR_PARENT = "Error [parent]"
 
 _S = SessionState
 _LIVE = (_S.JOINING, _S.ACCEPTED, _S.CONNECTING, _S.READY, _S.REPLANNING, _S.RECONNECTING)
-_DATA = {"Result": None, "BroadcastData": None, "Abort": None, ERROR_PARENT: None}
+_DATA = {
+    "Result": None,
+    "BroadcastData": None,
+    "Abort": None,
+    "RetransmitRequest": None,
+    "ChunkAck": None,
+    ERROR_PARENT: None,
+}
 
 
 def _moves(state: SessionState, specific: dict[str, SessionState]) -> dict[str, SessionState]:
@@ -188,6 +197,7 @@ ALL_SENT = "all chunks sent"
 CHUNK = "chunk verified"
 LAST_CHUNK = "last chunk verified"
 DUPLICATE = "duplicate chunk"
+RESENT = "chunk sent again"
 BAD_CHUNK = "chunk refused"
 ABORTED = "Abort"
 DEADLINE = "deadline"
@@ -204,9 +214,16 @@ OPERATION_TABLE: TransitionTable[OperationState] = TransitionTable(
             ALL_SENT: _O.AWAITING,
             CHUNK: _O.SENDING,
             DUPLICATE: _O.SENDING,
+            RESENT: _O.SENDING,
             **_ENDINGS,
         },
-        _O.AWAITING: {CHUNK: _O.AWAITING, LAST_CHUNK: _O.COMPLETED, DUPLICATE: _O.AWAITING, **_ENDINGS},
+        _O.AWAITING: {
+            CHUNK: _O.AWAITING,
+            LAST_CHUNK: _O.COMPLETED,
+            DUPLICATE: _O.AWAITING,
+            RESENT: _O.AWAITING,
+            **_ENDINGS,
+        },
     },
 )
 
@@ -691,9 +708,12 @@ class EndpointMachine:
             return self._fail_all(
                 message.code, f"parent {self._parent_node} refused our data: {message.detail}", None
             )
+        assert isinstance(message, Result | BroadcastData | Abort | RetransmitRequest | ChunkAck)
+        if isinstance(message, ChunkAck) or message.group_id != self.config.group_id:
+            return []  # a Result is the acknowledgement; another session's traffic
+        if isinstance(message, RetransmitRequest):
+            return self._send_again(message)
         assert isinstance(message, Result | BroadcastData | Abort)
-        if message.group_id != self.config.group_id:
-            return []  # another session's traffic on a shared connection
         op = self._ops.get(message.op_id)
         if op is None:
             if message.op_id >= self._next_op_id and self._early_count < self.config.early_limit:
@@ -788,6 +808,18 @@ class EndpointMachine:
         if op.shape is not None and int(np.prod(op.shape)) == decoded.size:
             return decoded.reshape(op.shape)
         return decoded
+
+    def _send_again(self, request: RetransmitRequest) -> list[Command]:
+        """Send the listed chunks again: sealing is deterministic, so each copy is
+        identical to the first and an aggregator that has it recognises it."""
+        op = self._ops.get(request.op_id)
+        if op is None or op.epoch != request.epoch or self._parent is None:
+            return []
+        out: list[Command] = []
+        for index in sorted(set(request.chunks) & op.outstanding):
+            out.append(SendMessage(self._parent, self._seal(op, index)))
+            self._op_event(op, RESENT)
+        return out
 
     # --- sending ----------------------------------------------------------------
 
