@@ -31,8 +31,6 @@ class ElementType:
     bits: int
     """Bits per element in the application's type."""
     is_float: bool
-    precision: int
-    """Significand bits including the implicit one (floats); value bits (integers)."""
     max_finite: float
     """Largest finite value of the type."""
     pattern: np.dtype[np.signedinteger]
@@ -50,23 +48,19 @@ def _int(code: DType, numpy_type: type[np.signedinteger]) -> ElementType:
         storage=np.dtype(numpy_type),
         bits=info.bits,
         is_float=False,
-        precision=info.bits - 1,
         max_finite=float(info.max),
         pattern=np.dtype("<i4") if halves else np.dtype(f"<i{info.bits // 8}"),
         patterns_per_element=2 if halves else 1,
     )
 
 
-def _float(
-    code: DType, storage: type[np.floating], bits: int, precision: int, max_finite: float
-) -> ElementType:
+def _float(code: DType, storage: type[np.floating], bits: int, max_finite: float) -> ElementType:
     halves = bits == 64
     return ElementType(
         code=code,
         storage=np.dtype(storage),
         bits=bits,
         is_float=True,
-        precision=precision,
         max_finite=max_finite,
         pattern=np.dtype("<i4") if halves else np.dtype(f"<i{bits // 8}"),
         patterns_per_element=2 if halves else 1,
@@ -82,10 +76,10 @@ ELEMENT_TYPES: dict[DType, ElementType] = {
         _int(DType.INT16, np.int16),
         _int(DType.INT32, np.int32),
         _int(DType.INT64, np.int64),
-        _float(DType.FLOAT16, np.float16, 16, 11, float(np.finfo(np.float16).max)),
-        _float(DType.BFLOAT16, np.float32, 16, 8, BFLOAT16_MAX),
-        _float(DType.FLOAT32, np.float32, 32, 24, float(np.finfo(np.float32).max)),
-        _float(DType.FLOAT64, np.float64, 64, 53, float(np.finfo(np.float64).max)),
+        _float(DType.FLOAT16, np.float16, 16, float(np.finfo(np.float16).max)),
+        _float(DType.BFLOAT16, np.float32, 16, BFLOAT16_MAX),
+        _float(DType.FLOAT32, np.float32, 32, float(np.finfo(np.float32).max)),
+        _float(DType.FLOAT64, np.float64, 64, float(np.finfo(np.float64).max)),
     )
 }
 assert set(ELEMENT_TYPES) == set(DType), "every registered dtype has semantics"

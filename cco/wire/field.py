@@ -115,8 +115,3 @@ class InnerProduct:
     def result(self) -> int:
         """The inner product mod p, in [0, p)."""
         return self._total
-
-
-def to_field(value: int) -> int:
-    """The element of F_p that a signed integer maps to."""
-    return value % P
