@@ -51,12 +51,13 @@ def encode_range(
     if element.is_float:
         if element.code is DType.BFLOAT16:
             part = round_to_bfloat16(part)
-        return to_fixed(part, scale, bound)
+        return to_fixed(part, scale, bound, first=start)
     wide = part.astype(np.int64)
     if len(wide) and max(-int(wide.min()), int(wide.max())) > bound:
         bad = int(np.argmax(np.abs(wide)))
         raise CcoError(
-            ErrorCode.OVERFLOW, f"element {bad} ({int(wide[bad])}) exceeds the contribution bound {bound}"
+            ErrorCode.OVERFLOW,
+            f"element {start + bad} ({int(wide[bad])}) exceeds the contribution bound {bound}",
         )
     return wide
 

@@ -59,20 +59,26 @@ def default_scale(dtype: DType, world_size: int) -> int:
     return 59 - DEFAULT_MAGNITUDE_BITS[dtype] - (world_size - 1).bit_length()
 
 
-def to_fixed(values: np.ndarray, scale: int, bound: int) -> np.ndarray:
-    """round_half_even(values * 2^scale) as int64; OVERFLOW if non-finite or beyond ``bound``."""
+def to_fixed(values: np.ndarray, scale: int, bound: int, first: int = 0) -> np.ndarray:
+    """round_half_even(values * 2^scale) as int64; OVERFLOW if non-finite or beyond ``bound``.
+
+    ``first`` is the position of ``values[0]`` in the tensor, for the error message."""
     with np.errstate(over="ignore"):
-        scaled = np.ldexp(values.astype(np.float64), scale)  # exact unless it overflows
+        # Exact, except on overflow (refused below) or underflow (which rounds to 0 anyway).
+        scaled = np.ldexp(values.astype(np.float64), scale)
     if not np.isfinite(scaled).all():
         bad = int(np.argmin(np.isfinite(scaled)))
         what = "NaN" if np.isnan(values[bad]) else "infinite" if np.isinf(values[bad]) else "too large"
-        raise CcoError(ErrorCode.OVERFLOW, f"element {bad} is {what} for fixed point at scale {scale}")
+        raise CcoError(
+            ErrorCode.OVERFLOW, f"element {first + bad} is {what} for fixed point at scale {scale}"
+        )
     rounded = np.rint(scaled)
     if len(rounded) and float(np.abs(rounded).max()) > bound:  # float vs int compares exactly
         bad = int(np.argmax(np.abs(rounded)))
         raise CcoError(
             ErrorCode.OVERFLOW,
-            f"element {bad} ({float(values[bad])!r}) exceeds the contribution bound {bound} at scale {scale}",
+            f"element {first + bad} ({float(values[bad])!r}) exceeds the contribution bound {bound} "
+            f"at scale {scale}",
         )
     return rounded.astype(np.int64)
 
