@@ -316,6 +316,17 @@ def test_duplicate_results_do_not_count_twice() -> None:
     assert rig.from_parent(result) == []  # late duplicate of a finished operation
 
 
+def test_a_different_copy_of_a_verified_chunk_fails_the_operation() -> None:
+    rig = joined()
+    op_id, out = rig.start(int_request(list(range(8))))
+    first, _ = sent(out, rig.parent, Contribution)
+    assert rig.from_parent(result_for(first)) == []
+    assert rig.from_parent(result_for(first)) == []  # an identical copy is ignored
+    other = result_for(first, lambda rank, i: rank + 1)  # genuine, but not what was delivered before
+    (error,) = failures(rig.from_parent(other))
+    assert error.code is ErrorCode.DUPLICATE_CONTRIBUTION and error.op_id == op_id
+
+
 def test_tampered_result_fails_verification_and_tells_the_tree() -> None:
     rig = joined()
     op_id, out = rig.start(int_request([1, 2, 3, 4, 5, 6, 7, 8]))

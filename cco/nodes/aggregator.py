@@ -674,28 +674,33 @@ class AggregatorMachine:
         info = self._peers.get(peer)
         if isinstance(message, Heartbeat | Error | ChunkAck):
             return []  # liveness and reports need no answer; a Result is the acknowledgement
-        if not isinstance(message, ChunkMessage | Abort | RetransmitRequest):
-            return [
-                _refuse(
-                    peer,
-                    message,
-                    ErrorCode.PROTOCOL_VIOLATION,
-                    f"{type(message).__name__} is not accepted on a data connection",
-                )
-            ]
         if info is None:
             return [_refuse(peer, message, ErrorCode.UNAUTHORIZED, "peer is not identified")]
-        group = self._groups.get(message.group_id)
+        group = self._groups.get(getattr(message, "group_id", b""))
         if group is not None and group.parent_up and info.node_id == group.parent_node:
             # any connection authenticated as the parent node: a node may reach its
             # children over a connection they opened for another group
-            return self._on_chunk_down(group, peer, message, now)
-        if isinstance(message, RetransmitRequest):
-            return [_refuse(peer, message, ErrorCode.PROTOCOL_VIOLATION, "only a parent asks to send again")]
-        return self._on_chunk_up(group, peer, info, message, now)
+            if isinstance(message, _DOWN):
+                return self._on_chunk_down(group, peer, message, now)
+        elif isinstance(message, _UP_TYPES):
+            return self._on_chunk_up(group, peer, info, message, now)
+        where = "down from the parent" if isinstance(message, _UP_TYPES) else "up the tree"
+        return [
+            _refuse(
+                peer,
+                message,
+                ErrorCode.PROTOCOL_VIOLATION,
+                f"{type(message).__name__} does not travel {where}",
+            )
+        ]
 
     def _on_chunk_up(
-        self, group: _Group | None, peer: PeerId, info: _Peer, message: ChunkMessage | Abort, now: float
+        self,
+        group: _Group | None,
+        peer: PeerId,
+        info: _Peer,
+        message: Contribution | PartialAggregate | BroadcastData | Abort,
+        now: float,
     ) -> list[Command]:
         if group is None or group.assignment is None or message.epoch > group.epoch:
             if group is not None and message.epoch < group.epoch:
@@ -731,15 +736,6 @@ class AggregatorMachine:
             ]
         if isinstance(message, BroadcastData):
             return self._on_broadcast_up(group, peer, message)
-        if not isinstance(message, Contribution | PartialAggregate):
-            return [
-                _refuse(
-                    peer,
-                    message,
-                    ErrorCode.PROTOCOL_VIOLATION,
-                    f"{type(message).__name__} does not travel up the tree",
-                )
-            ]
         assert group.assignment is not None
         if message.chunk_elements != group.assignment.params.chunk_elements:
             return [
@@ -840,7 +836,11 @@ class AggregatorMachine:
             group.record.popitem(last=False)
 
     def _on_chunk_down(
-        self, group: _Group, peer: PeerId, message: ChunkMessage | Abort | RetransmitRequest, now: float
+        self,
+        group: _Group,
+        peer: PeerId,
+        message: Result | BroadcastData | Abort | RetransmitRequest,
+        now: float,
     ) -> list[Command]:
         if not GROUP_TABLE.allows(group.state, CHUNK_DOWN):
             return [_refuse(peer, message, ErrorCode.UNKNOWN_GROUP, "group is not assigned here")]
@@ -852,15 +852,6 @@ class AggregatorMachine:
             return self._abort_op(group, message.op_id, message.code, message.detail, missing, up=False)
         if isinstance(message, RetransmitRequest):
             return self._asked_again(group, message, now)
-        if not isinstance(message, Result | BroadcastData):
-            return [
-                _refuse(
-                    peer,
-                    message,
-                    ErrorCode.PROTOCOL_VIOLATION,
-                    f"{type(message).__name__} does not travel down the tree",
-                )
-            ]
         return self._send_down(group, message)
 
     # --- retransmission ---------------------------------------------------------
@@ -1164,6 +1155,8 @@ class AggregatorMachine:
 
 
 _UP = PartialAggregate
+_UP_TYPES = (Contribution, PartialAggregate, BroadcastData, Abort)
+_DOWN = (Result, BroadcastData, Abort, RetransmitRequest)
 
 
 def _payload_size(message: Message) -> int:

@@ -51,6 +51,7 @@ from cco.wire.dtypes import ELEMENT_TYPES
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap
 from cco.wire.messages import (
+    ELEMENT_WIDTHS,
     MAX_TOTAL_ELEMENTS,
     Abort,
     BroadcastData,
@@ -73,6 +74,7 @@ from cco.wire.messages import (
     chunk_length,
 )
 from cco.wire.ops import BIT_EXACT_KINDS, SUM_KINDS, check_operation
+from cco.wire.packing import unpack
 from cco.wire.registries import Collective, DType, ReduceOp, Role
 
 # --- states and transition tables -------------------------------------------------
@@ -738,10 +740,11 @@ class EndpointMachine:
             return []
         if op.chunks == 0:  # a broadcast receiver without an array learns the size here
             self._size(op, message.total_elements)
-        if index < op.chunks and index in op.verified:
-            self._op_event(op, DUPLICATE)
-            return []
         try:
+            if index in op.verified:
+                self._check_copy(op, message)
+                self._op_event(op, DUPLICATE)
+                return []
             values = self._verify(op, message)
         except CcoError as error:
             return self._finish_failed(
@@ -761,8 +764,8 @@ class EndpointMachine:
             return self._pump(now)
         return self._complete(op) + self._pump(now)
 
-    def _verify(self, op: _Operation, message: ChunkMessage) -> np.ndarray:
-        """The chunk's integers if it is the chunk this operation expects and it verifies."""
+    def _check_header(self, op: _Operation, message: ChunkMessage) -> None:
+        """Refuse a chunk that is not one of this operation's (another op, epoch or shape)."""
         expected_type = BroadcastData if op.kind is Collective.BROADCAST else Result
         header = payload.ChunkHeader.of(message)
         wanted = self._header(op, message.chunk_index, message.epoch)
@@ -771,6 +774,23 @@ class EndpointMachine:
                 ErrorCode.OPERATION_MISMATCH,
                 f"{type(message).__name__} {header} does not match the operation {wanted}",
             )
+
+    def _check_copy(self, op: _Operation, message: ChunkMessage) -> None:
+        """A second copy of a verified chunk must carry the same integers."""
+        self._check_header(op, message)
+        assert op.buffer is not None
+        start = message.chunk_index * op.chunk_elements
+        kept = op.buffer[start : start + message.element_count]
+        if message.width not in ELEMENT_WIDTHS or len(message.payload) != kept.size * message.width:
+            raise CcoError(ErrorCode.INVALID_FIELD, "a copy's payload does not fit its header")
+        if not np.array_equal(unpack(message.payload, message.width), kept):
+            raise CcoError(
+                ErrorCode.DUPLICATE_CONTRIBUTION, f"a different copy of verified chunk {message.chunk_index}"
+            )
+
+    def _verify(self, op: _Operation, message: ChunkMessage) -> np.ndarray:
+        """The chunk's integers if it is the chunk this operation expects and it verifies."""
+        self._check_header(op, message)
         assert self._keys is not None and self._rank is not None
         if op.kind is Collective.BROADCAST:
             assert op.root is not None
