@@ -565,6 +565,8 @@ def test_malformed_input_and_stray_messages_get_typed_errors() -> None:
     rig = root_rig()
     out = rig.feed(MessageMalformed("ep0", CcoError(ErrorCode.MALFORMED_CBOR, "bad")))
     assert errors(out, "ep0") == [ErrorCode.MALFORMED_CBOR]
+    assert ClosePeer("ep0", ErrorCode.MALFORMED_CBOR, "bad") in out  # a connection error
+    rig.connect("ep0")
     assert errors(rig.send("ep0", AggregatorAccept(node_id="x", heartbeat_interval_ms=100))) == [
         ErrorCode.PROTOCOL_VIOLATION
     ]

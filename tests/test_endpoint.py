@@ -36,6 +36,7 @@ from cco.nodes.events import (
     ConnectTo,
     Input,
     Joined,
+    MessageMalformed,
     MessageReceived,
     OperationCompleted,
     OperationFailed,
@@ -467,6 +468,17 @@ def test_heartbeats_and_rendezvous_loss() -> None:
         out = rig.timer(deadline)
     assert rig.now == pytest.approx(0.4) and rig.machine.state is SessionState.CLOSED
     assert [e.code for e in failures(out)] == [ErrorCode.PEER_LOST]
+
+
+def test_malformed_bytes_from_the_parent_end_that_connection() -> None:
+    rig = joined()
+    rig.start(int_request([1]))
+    assert rig.parent is not None
+    out = rig.feed(MessageMalformed(rig.parent, CcoError(ErrorCode.TRAILING_BYTES, "junk")))
+    assert [m.code for m in sent(out, rig.parent, Error)] == [ErrorCode.TRAILING_BYTES]
+    assert ClosePeer(rig.parent, ErrorCode.TRAILING_BYTES, "junk") in out
+    assert [e.code for e in failures(out)] == [ErrorCode.PEER_LOST]
+    assert rig.machine.state is SessionState.RECONNECTING
 
 
 def test_unencodable_input_fails_the_operation_and_keeps_op_ids_aligned() -> None:

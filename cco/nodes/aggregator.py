@@ -433,8 +433,13 @@ class AggregatorMachine:
                 self._last_heard = now
                 return self._on_rendezvous_message(event.message, now)
             return self._on_data_message(event.peer, event.message, now)
-        if isinstance(event, MessageMalformed):
-            return [SendMessage(event.peer, Error(code=event.error.code, detail=event.error.detail[:1024]))]
+        if isinstance(event, MessageMalformed):  # a connection error: report it, close, forget the peer
+            code, detail = event.error.code, event.error.detail[:1024]
+            closing: list[Command] = [
+                SendMessage(event.peer, Error(code=code, detail=detail)),
+                ClosePeer(event.peer, code, detail),
+            ]
+            return closing + self._on_disconnected(event.peer, code, now)
         if isinstance(event, TimerFired):
             return self._on_timer(now)
         raise CcoError(ErrorCode.INTERNAL_ERROR, f"not an input: {event!r}")

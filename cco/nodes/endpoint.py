@@ -526,8 +526,13 @@ class EndpointMachine:
             if event.peer == self._parent:
                 return self._on_parent(event.message, now)
             return [_refuse(event.peer, event.message, ErrorCode.UNAUTHORIZED, "not a peer of this session")]
-        if isinstance(event, MessageMalformed):
-            return [SendMessage(event.peer, Error(code=event.error.code, detail=event.error.detail[:1024]))]
+        if isinstance(event, MessageMalformed):  # a connection error: report it, close, forget the peer
+            code, detail = event.error.code, event.error.detail[:1024]
+            closing: list[Command] = [
+                SendMessage(event.peer, Error(code=code, detail=detail)),
+                ClosePeer(event.peer, code, detail),
+            ]
+            return closing + self._on_disconnected(PeerDisconnected(event.peer, code, detail), now)
         if isinstance(event, TimerFired):
             return self._on_timer(now)
         raise CcoError(ErrorCode.INTERNAL_ERROR, f"not an input: {event!r}")
