@@ -755,6 +755,12 @@ def test_group_table_every_pair(state: GroupState, event: str, root: bool) -> No
     _drive_group(state, event, root)
 
 
+@given(st.sampled_from(list(GroupState)), st.sampled_from(GROUP_TABLE.events), st.booleans())
+@settings(max_examples=100, deadline=None)
+def test_group_table_hypothesis(state: GroupState, event: str, root: bool) -> None:
+    _drive_group(state, event, root)
+
+
 def test_group_table_moves_are_all_realised() -> None:
     """Every move the table allows is driven, not approximated, by some rig above."""
     seen = {
