@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -62,6 +63,7 @@ class Communicator:
         self.spec = spec
         self._joined: asyncio.Future[Joined] = asyncio.get_running_loop().create_future()
         self._pending: dict[int, asyncio.Future[np.ndarray | None]] = {}
+        self._closed = False
 
     @classmethod
     async def join(
@@ -164,8 +166,23 @@ class Communicator:
 
     # --- lifetime ------------------------------------------------------------------
 
-    async def close(self) -> None:
-        """Leave the group and close every connection."""
+    async def close(self, *, linger: bool = True, timeout: float | None = None) -> None:
+        """Leave the group and close every connection.
+
+        With ``linger`` (the default) closing is collective: the rank first waits at a
+        barrier until every rank has called close().  A Leave starts a new epoch,
+        which ends every operation still in flight in the group, so without the
+        barrier a fast rank leaving could fail a slower rank's last collective
+        whose results were still on their way.  If the barrier fails (a rank was
+        lost, or ``timeout`` seconds passed) the rank leaves anyway.  Operations of
+        this rank still pending when close() is called fail with ABORTED.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if linger and self._joined.done() and self._joined.exception() is None:
+            with contextlib.suppress(CcoError):
+                await self.barrier(timeout=timeout)
         self._service.runner.execute_all(self._machine.leave(self._service.runner.clock()))
         await asyncio.sleep(0)  # let the Leave reach the transport queue
         await self._service.close()
