@@ -1,0 +1,84 @@
+"""``cco-node``: configuration precedence, help, certificates and usage errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cco.cli import main, node_parser
+from cco.config import OPTIONS, resolve
+from cco.transport import identity_from_certificate
+from cco.transport.certs import load_certificate
+from cco.wire.errors import CcoError
+from cco.wire.registries import Role
+
+
+def _resolve(argv: list[str], environ: dict[str, str] | None = None) -> object:
+    return resolve(node_parser().parse_args(argv), environ or {})
+
+
+def test_precedence_is_flags_then_environment_then_file_then_default(tmp_path: Path) -> None:
+    config = tmp_path / "node.toml"
+    config.write_text(
+        'role = "aggregator"\ncapacity = 3\nmax_fan_in = 5\nwindow = 9\nlabels = ["rack1", "row2"]\n'
+    )
+    resolved = _resolve(
+        ["--config", str(config), "--capacity", "7"],
+        {"CCO_CAPACITY": "6", "CCO_MAX_FAN_IN": "4"},
+    )
+    assert resolved.role == "aggregator"  # type: ignore[attr-defined]
+    assert resolved.capacity == 7  # type: ignore[attr-defined]  # flag beats env and file
+    assert resolved.max_fan_in == 4  # type: ignore[attr-defined]  # env beats file
+    assert resolved.window == 9  # type: ignore[attr-defined]  # file beats default
+    assert resolved.labels == ("rack1", "row2")  # type: ignore[attr-defined]
+    assert resolved.heartbeat_ms == 1000  # type: ignore[attr-defined]  # default
+
+
+def test_config_errors_name_their_source(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('role = "endpoint"\nmystery = 1\n')
+    with pytest.raises(CcoError, match="unknown keys"):
+        _resolve(["--config", str(bad)])
+    with pytest.raises(CcoError, match="CCO_WINDOW"):
+        _resolve(["--role", "rendezvous"], {"CCO_WINDOW": "many"})
+    with pytest.raises(CcoError, match="--role"):
+        _resolve([])
+
+
+def test_help_documents_every_option() -> None:
+    text = node_parser().format_help()
+    for option in OPTIONS:
+        assert option.flag in text and option.env in text
+
+
+def test_certs_command_writes_a_pki(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["certs", "--dir", str(tmp_path), "agg-1:aggregator", "ep-0:endpoint"]) == 0
+    identity = identity_from_certificate(load_certificate(tmp_path / "agg-1.pem"))
+    assert (identity.node_id, identity.role) == ("agg-1", Role.AGGREGATOR)
+    assert "ep-0.key" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["certs", "--dir", "{tmp}", "agg-1:janitor"],
+        ["certs", "--dir", "{tmp}", "Bad_Name:endpoint"],
+        ["--role", "endpoint", "--node-id", "ep-0"],  # no credentials, no group
+    ],
+)
+def test_usage_errors_are_one_line_with_status_2(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([arg.format(tmp=tmp_path) for arg in argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("cco-node: ") and "\n" not in err
+
+
+def test_entry_point_help_runs() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "cco.cli", "demo", "--help"], capture_output=True, text=True
+    )
+    assert result.returncode == 0 and "--endpoints" in result.stdout
