@@ -55,11 +55,14 @@ def certs_parser() -> argparse.ArgumentParser:
 
 def _certs(argv: list[str]) -> int:
     from cco.transport import create_dev_pki
+    from cco.transport.certs import is_valid_node_id
 
     args = certs_parser().parse_args(argv)
     nodes: list[tuple[str, Role]] = []
     for item in args.nodes:
         node_id, _, role = item.partition(":")
+        if not is_valid_node_id(node_id):
+            raise UsageError(f"{item!r}: node ids are lowercase letters, digits, '-' and '.'")
         try:
             nodes.append((node_id, Role[role.upper()]))
         except KeyError:
