@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections import OrderedDict, deque
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -43,6 +42,7 @@ from cco.nodes.events import (
     TimerFired,
 )
 from cco.nodes.fsm import TransitionTable
+from cco.nodes.replies import clip, ranks_text, refuse
 from cco.wire import payload
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap
@@ -315,10 +315,6 @@ def _retype(message: ChunkMessage, cls: type[ChunkMessage]) -> ChunkMessage:
     return cls(**values)
 
 
-def _ranks_text(ranks: Iterable[int]) -> str:
-    return "{" + ", ".join(str(r) for r in sorted(ranks)) + "}"
-
-
 # --- the machine ------------------------------------------------------------------
 
 
@@ -434,7 +430,7 @@ class AggregatorMachine:
                 return self._on_rendezvous_message(event.message, now)
             return self._on_data_message(event.peer, event.message, now)
         if isinstance(event, MessageMalformed):  # a connection error: report it, close, forget the peer
-            code, detail = event.error.code, event.error.detail[:1024]
+            code, detail = event.error.code, clip(event.error.detail)
             closing: list[Command] = [
                 SendMessage(event.peer, Error(code=code, detail=detail)),
                 ClosePeer(event.peer, code, detail),
@@ -517,7 +513,7 @@ class AggregatorMachine:
         name = type(message).__name__
         if not NODE_TABLE.allows(self._state, name):
             return [
-                _refuse(
+                refuse(
                     self._rendezvous,
                     message,
                     ErrorCode.PROTOCOL_VIOLATION,
@@ -549,13 +545,13 @@ class AggregatorMachine:
         problem = self._check_assignment(message)
         if problem is not None:
             code, detail = problem
-            return [_refuse(self._rendezvous, message, code, detail)]
+            return [refuse(self._rendezvous, message, code, detail)]
         group = self._groups.get(message.group_id)
         if group is None:
             group = _Group(group_id=message.group_id, epoch=message.epoch)
         elif message.epoch < group.epoch:
             return [
-                _refuse(
+                refuse(
                     self._rendezvous,
                     message,
                     ErrorCode.STALE_EPOCH,
@@ -680,7 +676,7 @@ class AggregatorMachine:
         if isinstance(message, Heartbeat | Error | ChunkAck):
             return []  # liveness and reports need no answer; a Result is the acknowledgement
         if info is None:
-            return [_refuse(peer, message, ErrorCode.UNAUTHORIZED, "peer is not identified")]
+            return [refuse(peer, message, ErrorCode.UNAUTHORIZED, "peer is not identified")]
         group = self._groups.get(getattr(message, "group_id", b""))
         if group is not None and group.parent_up and info.node_id == group.parent_node:
             # any connection authenticated as the parent node: a node may reach its
@@ -691,7 +687,7 @@ class AggregatorMachine:
             return self._on_chunk_up(group, peer, info, message, now)
         where = "down from the parent" if isinstance(message, _UP_TYPES) else "up the tree"
         return [
-            _refuse(
+            refuse(
                 peer,
                 message,
                 ErrorCode.PROTOCOL_VIOLATION,
@@ -716,7 +712,7 @@ class AggregatorMachine:
         ranks = group.children.get(info.node_id)
         if ranks is None:
             return [
-                _refuse(
+                refuse(
                     peer,
                     message,
                     ErrorCode.UNAUTHORIZED,
@@ -731,12 +727,12 @@ class AggregatorMachine:
         contributors = ranks_from_bitmap(message.contributors)
         if not contributors <= ranks:
             return [
-                _refuse(
+                refuse(
                     peer,
                     message,
                     ErrorCode.UNAUTHORIZED,
-                    f"node {info.node_id} may speak for ranks {_ranks_text(ranks)} only, "
-                    f"not {_ranks_text(contributors - ranks)}",
+                    f"node {info.node_id} may speak for ranks {ranks_text(ranks)} only, "
+                    f"not {ranks_text(contributors - ranks)}",
                 )
             ]
         if isinstance(message, BroadcastData):
@@ -744,7 +740,7 @@ class AggregatorMachine:
         assert group.assignment is not None
         if message.chunk_elements != group.assignment.params.chunk_elements:
             return [
-                _refuse(
+                refuse(
                     peer,
                     message,
                     ErrorCode.OPERATION_MISMATCH,
@@ -757,7 +753,7 @@ class AggregatorMachine:
     def _on_broadcast_up(self, group: _Group, peer: PeerId, message: BroadcastData) -> list[Command]:
         if ranks_from_bitmap(message.contributors) != {message.root}:
             return [
-                _refuse(peer, message, ErrorCode.UNAUTHORIZED, "broadcast data must come from its root only")
+                refuse(peer, message, ErrorCode.UNAUTHORIZED, "broadcast data must come from its root only")
             ]
         if group.assignment is not None and group.assignment.parent is not None:
             return self._send_up(group, message)
@@ -779,7 +775,7 @@ class AggregatorMachine:
         if slot is None:
             if len(group.slots) >= group.window:
                 return [
-                    _refuse(
+                    refuse(
                         peer,
                         message,
                         ErrorCode.RESOURCE_EXHAUSTED,
@@ -798,7 +794,7 @@ class AggregatorMachine:
             event = PART
         if not SLOT_TABLE.allows(slot.state, event):
             return [
-                _refuse(
+                refuse(
                     peer,
                     message,
                     ErrorCode.DUPLICATE_CONTRIBUTION,
@@ -814,7 +810,7 @@ class AggregatorMachine:
         except CcoError as error:
             if not slot.fingerprints:  # the slot this part opened holds nothing: close it again
                 del group.slots[key]
-            return [_refuse(peer, message, error.code, error.detail)]
+            return [refuse(peer, message, error.code, error.detail)]
         self._account(len(merged.payload) - (len(slot.aggregate.payload) if slot.aggregate else 0))
         slot.aggregate = merged
         slot.fingerprints[child] = digest
@@ -848,7 +844,7 @@ class AggregatorMachine:
         now: float,
     ) -> list[Command]:
         if not GROUP_TABLE.allows(group.state, CHUNK_DOWN):
-            return [_refuse(peer, message, ErrorCode.UNKNOWN_GROUP, "group is not assigned here")]
+            return [refuse(peer, message, ErrorCode.UNKNOWN_GROUP, "group is not assigned here")]
         group.state = GROUP_TABLE.next(group.state, CHUNK_DOWN)
         if group.assignment is None or message.epoch != group.epoch:
             return []  # an old epoch's traffic, already aborted locally
@@ -1002,7 +998,7 @@ class AggregatorMachine:
             epoch=group.epoch,
             op_id=op_id,
             code=code,
-            detail=detail[:1024],
+            detail=clip(detail),
             missing=bitmap_from_ranks(missing) if missing else None,
         )
         out = self._send_down(group, abort, skip=origin)
@@ -1037,7 +1033,7 @@ class AggregatorMachine:
         queue = self._pending.setdefault(peer, deque())
         if len(queue) >= self.config.pending_limit:
             return [
-                _refuse(
+                refuse(
                     peer,
                     message,
                     ErrorCode.RESOURCE_EXHAUSTED,
@@ -1136,7 +1132,7 @@ class AggregatorMachine:
                 slot.state = SLOT_TABLE.next(slot.state, TIMEOUT)
             detail = (
                 f"aggregator {self.node_id}: group {group.group_id.hex()} op {op_id} chunks {chunks} "
-                f"incomplete after {group.timeout:g}s; missing ranks {_ranks_text(missing)}"
+                f"incomplete after {group.timeout:g}s; missing ranks {ranks_text(missing)}"
             )
             out += self._abort_op(group, op_id, ErrorCode.TIMEOUT, detail, frozenset(missing))
         return out
@@ -1166,11 +1162,6 @@ _DOWN = (Result, BroadcastData, Abort, RetransmitRequest)
 
 def _payload_size(message: Message) -> int:
     return len(message.payload) if isinstance(message, ChunkMessage) else 0
-
-
-def _refuse(peer: PeerId, message: Message, code: ErrorCode, detail: str) -> SendMessage:
-    """The Error a peer gets for one refused message; its other traffic is unaffected."""
-    return SendMessage(peer, Error(code=code, detail=detail[:1024], message_type=int(message.TYPE)))
 
 
 __all__ = [

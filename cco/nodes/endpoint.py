@@ -46,6 +46,7 @@ from cco.nodes.events import (
     TimerFired,
 )
 from cco.nodes.fsm import TransitionTable
+from cco.nodes.replies import clip, ranks_text, refuse
 from cco.wire import payload
 from cco.wire.dtypes import ELEMENT_TYPES
 from cco.wire.errors import CcoError, ErrorCode
@@ -297,7 +298,7 @@ class OperationError(CcoError):
         missing_ranks: frozenset[int] | None = None,
         missing_chunks: tuple[int, ...] = (),
     ) -> None:
-        ranks = "unknown" if missing_ranks is None else _ranks_text(missing_ranks)
+        ranks = "unknown" if missing_ranks is None else ranks_text(missing_ranks)
         super().__init__(
             code, f"group {group_id.hex()} op {op_id} {kind.name}: {detail}; missing ranks {ranks}"
         )
@@ -338,10 +339,6 @@ class _Operation:
     verified: set[int] = field(default_factory=set)
     buffer: np.ndarray | None = None
     members: frozenset[int] = frozenset()
-
-
-def _ranks_text(ranks: frozenset[int] | set[int]) -> str:
-    return "{" + ", ".join(str(r) for r in sorted(ranks)) + "}"
 
 
 # --- the machine ------------------------------------------------------------------
@@ -525,9 +522,9 @@ class EndpointMachine:
                 return self._on_rendezvous(event.message, now)
             if event.peer == self._parent:
                 return self._on_parent(event.message, now)
-            return [_refuse(event.peer, event.message, ErrorCode.UNAUTHORIZED, "not a peer of this session")]
+            return [refuse(event.peer, event.message, ErrorCode.UNAUTHORIZED, "not a peer of this session")]
         if isinstance(event, MessageMalformed):  # a connection error: report it, close, forget the peer
-            code, detail = event.error.code, event.error.detail[:1024]
+            code, detail = event.error.code, clip(event.error.detail)
             closing: list[Command] = [
                 SendMessage(event.peer, Error(code=code, detail=detail)),
                 ClosePeer(event.peer, code, detail),
@@ -617,12 +614,12 @@ class EndpointMachine:
         if isinstance(message, JoinAccept | JoinReject | TreeAssignment | EpochChange) and (
             message.group_id != self.config.group_id
         ):
-            return [_refuse(self._rendezvous, message, ErrorCode.UNKNOWN_GROUP, "not this session's group")]
+            return [refuse(self._rendezvous, message, ErrorCode.UNKNOWN_GROUP, "not this session's group")]
         if isinstance(message, TreeAssignment) and message.parent is None:
-            return [_refuse(self._rendezvous, message, ErrorCode.INVALID_FIELD, "an endpoint needs a parent")]
+            return [refuse(self._rendezvous, message, ErrorCode.INVALID_FIELD, "an endpoint needs a parent")]
         if isinstance(message, TreeAssignment | EpochChange) and message.epoch < self._epoch:
             return [
-                _refuse(
+                refuse(
                     self._rendezvous,
                     message,
                     ErrorCode.STALE_EPOCH,
@@ -631,7 +628,7 @@ class EndpointMachine:
             ]
         if not self._session_event(name):
             return [
-                _refuse(
+                refuse(
                     self._rendezvous,
                     message,
                     ErrorCode.PROTOCOL_VIOLATION,
@@ -689,7 +686,7 @@ class EndpointMachine:
         self._members = members
         self._epoch = message.epoch
         why = (
-            f"epoch changed to {message.epoch} ({message.code.name}); ranks {_ranks_text(lost)} left"
+            f"epoch changed to {message.epoch} ({message.code.name}); ranks {ranks_text(lost)} left"
             if lost
             else f"epoch changed to {message.epoch} ({message.code.name}); the tree was re-planned"
         )
@@ -704,7 +701,7 @@ class EndpointMachine:
         name = ERROR_PARENT if isinstance(message, Error) else type(message).__name__
         if name not in _DATA or not self._session_event(name):
             return [
-                _refuse(
+                refuse(
                     self._parent,
                     message,
                     ErrorCode.PROTOCOL_VIOLATION,
@@ -933,7 +930,7 @@ class EndpointMachine:
                 epoch=self._epoch,
                 op_id=op_id,
                 code=error.code,
-                detail=f"rank {self._rank}: {error.detail}"[:1024],
+                detail=clip(f"rank {self._rank}: {error.detail}"),
                 missing=bitmap_from_ranks([self._rank]),
             )
             out.append(SendMessage(self._parent, abort))
@@ -969,7 +966,7 @@ class EndpointMachine:
                 epoch=op.epoch,
                 op_id=op.op_id,
                 code=code,
-                detail=f"rank {self._rank}: {detail}"[:1024],
+                detail=clip(f"rank {self._rank}: {detail}"),
                 missing=bitmap_from_ranks(missing) if missing else None,
             )
             out.append(SendMessage(self._parent, abort))
@@ -1074,10 +1071,6 @@ class EndpointMachine:
         if kind is Collective.REDUCE_SCATTER and array.size % world:
             raise CcoError(ErrorCode.INVALID_FIELD, f"{array.size} elements do not split into {world} parts")
         return dtype, request.op, request.root
-
-
-def _refuse(peer: PeerId, message: Message, code: ErrorCode, detail: str) -> SendMessage:
-    return SendMessage(peer, Error(code=code, detail=detail[:1024], message_type=int(message.TYPE)))
 
 
 __all__ = [

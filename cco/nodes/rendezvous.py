@@ -67,6 +67,7 @@ from cco.nodes.events import (
     TimerFired,
 )
 from cco.nodes.fsm import TransitionTable
+from cco.nodes.replies import clip
 from cco.nodes.tree import AggregatorInfo, MemberInfo, TreePlan, plan_tree
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import bitmap_from_ranks
@@ -362,7 +363,7 @@ class RendezvousMachine:
             self._gone(self._peers[event.peer], "disconnected", ErrorCode.PEER_LOST, out)
         elif isinstance(event, MessageMalformed):
             peer = self._peers[event.peer]
-            out.append(SendMessage(peer.peer, Error(code=event.error.code, detail=event.error.detail[:1024])))
+            out.append(SendMessage(peer.peer, Error(code=event.error.code, detail=clip(event.error.detail))))
             out.append(ClosePeer(peer.peer, event.error.code, "malformed message"))
             self._gone(peer, "malformed", ErrorCode.PEER_LOST, out)
         else:
@@ -372,7 +373,7 @@ class RendezvousMachine:
                 event.message.to_map()  # field ranges: the codec checked them, a direct caller may not
                 self._message(peer, event.message, out)
             except CcoError as exc:
-                error = Error(code=exc.code, detail=exc.detail[:1024], message_type=int(event.message.TYPE))
+                error = Error(code=exc.code, detail=clip(exc.detail), message_type=int(event.message.TYPE))
                 out.append(SendMessage(peer.peer, error))
         return out
 
