@@ -234,3 +234,19 @@ def test_json_form_is_strict(fields: dict[str, Any]) -> None:
 def test_hex_is_lowercase_without_prefix(text: object) -> None:
     with pytest.raises(JsonFormError):
         from_hex(text)
+
+
+def test_every_cited_spec_section_exists_in_the_draft() -> None:
+    """Vectors cite the draft section that governs them, by anchor; the anchor must exist."""
+    import re
+
+    spec = Path(__file__).resolve().parent.parent / "spec"
+    anchors = set(re.findall(r'anchor="([^"]+)"', "".join(p.read_text() for p in spec.rglob("*.xml"))))
+    vector_dir = Path(__file__).resolve().parent.parent / "interop" / "vectors"
+    cited = 0
+    for path in sorted(vector_dir.glob("*.json")):
+        for vector in json.loads(path.read_text()):
+            if "spec_section" in vector:
+                cited += 1
+                assert vector["spec_section"] in anchors, (path.name, vector["name"], vector["spec_section"])
+    assert cited > 0

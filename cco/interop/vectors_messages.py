@@ -17,9 +17,17 @@ from cco.interop.samples import Sample, samples
 from cco.interop.verify import SEMANTIC_CHECKS, limits_to_json
 from cco.wire import cbor
 from cco.wire.framing import encode_frame, encode_varint
-from cco.wire.messages import encode_message
+from cco.wire.messages import MESSAGE_CLASSES, ChunkMessage, encode_message
+from cco.wire.registries import MessageType
 
 Vector = dict[str, Any]
+
+
+def spec_section(message_type: MessageType) -> str:
+    """The draft anchor of the section that defines ``message_type``."""
+    if issubclass(MESSAGE_CLASSES[message_type], ChunkMessage):
+        return "chunk-messages"
+    return "msg-" + message_type.name.lower().replace("_", "-")
 
 
 def message_vector(sample: Sample) -> Vector:
@@ -28,6 +36,7 @@ def message_vector(sample: Sample) -> Vector:
     return {
         "name": sample.name,
         "description": sample.description,
+        "spec_section": spec_section(message.TYPE),
         "message_type": int(message.TYPE),
         "message_name": message.TYPE.name,
         "fields": message_to_json(message),
@@ -42,6 +51,7 @@ def failure_vector(failure: Failure) -> Vector:
         "name": failure.name,
         "fail": True,
         "description": failure.description,
+        "spec_section": "decoding",
         "mutation": failure.mutation,
         "base_vector": failure.base,
         "base": base_bytes(failure.base).hex(),
@@ -58,6 +68,7 @@ def frame_vector(frame: Frame) -> Vector:
     return {
         "name": frame.name,
         "description": frame.description,
+        "spec_section": "framing",
         "max_message_size": frame.max_message_size,
         "message_length": len(frame.message),
         "length_prefix": prefix.hex(),
@@ -71,6 +82,7 @@ def bad_frame_vector(frame: BadFrame) -> Vector:
         "name": frame.name,
         "fail": True,
         "description": frame.description,
+        "spec_section": "framing",
         "mutation": frame.mutation,
         "max_message_size": frame.max_message_size,
     }

@@ -1069,4 +1069,16 @@ def vector_files() -> dict[str, list[Vector]]:
         problems = VECTOR_CHECKS[file_name](vectors)
         if problems:
             raise AssertionError(f"{file_name}: generated vectors do not hold:\n" + "\n".join(problems))
+        for vector in vectors:
+            vector["spec_section"] = SPEC_SECTIONS[file_name]
     return files
+
+
+SPEC_SECTIONS = {
+    "payload_keys.json": "mac-construction",
+    "payload_tags.json": "mac-construction",
+    "payload_combine.json": "payload-linearity",
+    "payload_verify_failures.json": "mac-security",
+    "fixed_point.json": "fixed-point",
+}
+"""The draft anchor each payload vector file exercises."""
