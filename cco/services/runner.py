@@ -7,6 +7,12 @@ out here: messages are queued on links, connections opened, links closed, and th
 application-level commands (``Joined``, ``OperationCompleted``, ``OperationFailed``)
 handed to ``on_command``.  The machine's single timer is re-armed after every input
 from ``next_deadline()``.
+
+Sending never waits for ``PeerLink.drain()``: one slow peer must not stall a
+machine that serves many.  What a link can queue is bounded by the protocol
+instead: an endpoint has at most ``window`` chunks of a group in flight, and an
+aggregator sends each child at most one message per open slot, of which a group
+has at most ``window``; so a link's queue stays within window x chunk per group.
 """
 
 from __future__ import annotations
