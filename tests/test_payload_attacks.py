@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cco.wire.errors import CcoError, ErrorCode
-from cco.wire.field import P
 from cco.wire.fields import bitmap_from_ranks
 from cco.wire.mac import expected_tag
 from cco.wire.messages import ChunkMessage, PartialAggregate, Result
+from cco.wire.modp import P
 from cco.wire.packing import minimal_width
 from cco.wire.payload import (
     RANGE_BOUND,

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from cco.wire import mac
 from cco.wire.errors import CcoError, ErrorCode
-from cco.wire.field import BLOCK, SUB_BLOCK, P
 from cco.wire.messages import Contribution, PartialAggregate, decode_message, encode_message
+from cco.wire.modp import BLOCK, SUB_BLOCK, P
 from cco.wire.payload import RANGE_BOUND, ChunkHeader, derive_group_keys, seal
 from cco.wire.registries import Collective, DType, ReduceOp
 

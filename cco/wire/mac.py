@@ -28,7 +28,7 @@ from collections.abc import Iterable
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from cco.wire.field import BLOCK, InnerProduct, P
+from cco.wire.modp import BLOCK, InnerProduct, P
 
 KEY_SIZE = 32
 INFO_K1 = b"cco/1 mac k1"

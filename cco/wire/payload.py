@@ -5,7 +5,7 @@ into chunks and seals each one with a homomorphic tag (:func:`seal`).  Aggregato
 which hold no key, add chunks exactly and add their tags (:func:`combine`).  An
 endpoint accepts a result only after the range, bitmap and tag checks
 (:func:`open_verified`), then turns the integers back into its dtype
-(:func:`decode_values`).  The pieces live in one module per idea: ``field`` (exact
+(:func:`decode_values`).  The pieces live in one module per idea: ``modp`` (exact
 F_p arithmetic), ``mac`` (keys, coefficients, pads, tags), ``fixedpoint``,
 ``dtypes``, ``ops``, ``codec`` (tensor to wire integers), ``packing`` (integers to
 bytes) and ``chunking``.
@@ -23,11 +23,11 @@ import numpy as np
 from cco.wire import cbor
 from cco.wire.codec import decode_values, encode_values, wire_length
 from cco.wire.errors import CcoError, ErrorCode
-from cco.wire.field import P
 from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap
 from cco.wire.fixedpoint import RANGE_BOUND, contribution_bound, default_scale
 from cco.wire.mac import GroupKeys, contribution_tag, derive_group_keys, expected_tag
 from cco.wire.messages import ChunkMessage, Contribution, chunk_length
+from cco.wire.modp import P
 from cco.wire.ops import OPS, check_operation, inconsistency
 from cco.wire.packing import WIDTHS, extremes, minimal_width, narrow, unpack, within_bound
 from cco.wire.registries import MAX_WORLD_SIZE, Collective, DType, ReduceOp
