@@ -2,14 +2,17 @@
 
 Results are built the way a tree would build them: the session's own sealed
 Contribution combined with chunks the test seals for the other ranks with the
-group keys.  The last tests drive every (state, input) pair of the session table
-and random input sequences through the operation table.
+group keys.  Further tests check that results decoded chunk by chunk are the bits
+of a whole-array decode and bound the memory a large operation takes; the last
+drive every (state, input) pair of the session table and random input sequences
+through the operation table.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import random
+import tracemalloc
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -47,8 +50,10 @@ from cco.nodes.events import (
 )
 from cco.nodes.fsm import TransitionTable
 from cco.wire import payload
+from cco.wire.dtypes import ELEMENT_TYPES
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import bitmap_from_ranks
+from cco.wire.fixedpoint import contribution_bound
 from cco.wire.messages import (
     Abort,
     Address,
@@ -70,6 +75,8 @@ from cco.wire.messages import (
     RetransmitRequest,
     TreeAssignment,
 )
+from cco.wire.ops import BIT_EXACT_KINDS, OPS
+from cco.wire.packing import narrow, unpack
 from cco.wire.registries import Collective, DType, ReduceOp, Role
 
 GROUP = bytes.fromhex("c3" * 16)
@@ -142,25 +149,28 @@ def result_for(
     return payload.combine([message, *others(message, values)], Result)
 
 
-def root_chunks(values: np.ndarray, op_id: int, epoch: int = 1) -> list[ChunkMessage]:
-    """Rank 0's BroadcastData chunks of int64 ``values``, as the root would seal them."""
-    wire = payload.encode_values(values, DType.INT64, Collective.BROADCAST, 0, WORLD)
+def root_chunks(
+    values: np.ndarray, op_id: int, epoch: int = 1, *, dtype: DType = DType.INT64, chunk_elements: int = 4
+) -> list[ChunkMessage]:
+    """Rank 0's BroadcastData chunks of ``values``, as the root would seal them."""
+    wire = payload.encode_values(values, dtype, Collective.BROADCAST, 0, WORLD)
     chunks = []
-    for index in range(max(1, -(-wire.size // 4))):
+    for index in range(max(1, -(-wire.size // chunk_elements))):
         header = payload.ChunkHeader(
             group_id=GROUP,
             epoch=epoch,
             op_id=op_id,
             kind=Collective.BROADCAST,
             op=ReduceOp.SUM,
-            dtype=DType.INT64,
+            dtype=dtype,
             scale=0,
             total_elements=wire.size,
-            chunk_elements=4,
+            chunk_elements=chunk_elements,
             chunk_index=index,
             root=0,
         )
-        chunks.append(payload.seal(KEYS, header, 0, wire[index * 4 : index * 4 + 4], BroadcastData))
+        start = index * chunk_elements
+        chunks.append(payload.seal(KEYS, header, 0, wire[start : start + chunk_elements], BroadcastData))
     return chunks
 
 
@@ -596,6 +606,232 @@ def test_operations_leave_in_call_order_sharing_one_window() -> None:
     assert [(c.op_id, c.chunk_index) for c in sent(out, rig.parent, Contribution)] == [(a, 2)]
     out = rig.from_parent(result_for(second))
     assert [(c.op_id, c.chunk_index) for c in sent(out, rig.parent, Contribution)] == [(b, 0)]
+
+
+def test_an_unencodable_value_in_a_later_chunk_fails_before_anything_is_sent() -> None:
+    rig = joined()
+    data = np.arange(10, dtype=np.float32)
+    data[9] = np.inf  # chunk 2: start() encodes every chunk before the first leaves
+    op_id, out = rig.start(CollectiveRequest(kind=Collective.ALL_REDUCE, array=data))
+    (error,) = failures(out)
+    assert error.code is ErrorCode.OVERFLOW and "element 9 is infinite" in str(error)
+    assert sent(out, rig.parent, Contribution) == [] and rig.machine.operation_state(op_id) is None
+
+
+@pytest.mark.parametrize("resent", [False, True])
+def test_an_input_changed_during_the_operation_fails_it_and_tells_the_tree(resent: bool) -> None:
+    """The operation reads the caller's array until it completes (CollectiveRequest):
+    a value changed to one that cannot be encoded fails the operation cleanly."""
+    rig = joined()
+    data = np.arange(12, dtype=np.float32)  # three chunks; the window holds two
+    op_id, out = rig.start(CollectiveRequest(kind=Collective.ALL_REDUCE, array=data))
+    first, _ = sent(out, rig.parent, Contribution)
+    if resent:
+        data[5] = np.nan  # chunk 1, outstanding: asked for again
+        out = rig.from_parent(RetransmitRequest(group_id=GROUP, epoch=1, op_id=op_id, chunks=(1,)))
+    else:
+        data[9] = np.nan  # chunk 2, which leaves once chunk 0 comes back
+        out = rig.from_parent(result_for(first))
+    (error,) = failures(out)
+    assert error.code is ErrorCode.OVERFLOW and "the input changed" in str(error)
+    (abort,) = sent(out, rig.parent, Abort)
+    assert abort.op_id == op_id and abort.missing == bitmap_from_ranks([RANK])
+    assert sent(out, rig.parent, Contribution) == [] and rig.machine.outstanding == 0
+
+
+def test_a_strided_input_is_read_in_c_order() -> None:
+    rig = joined()
+    data = np.arange(24, dtype=np.int32).reshape(4, 6).T  # not C-contiguous: copied once at start
+    _, out = rig.start(CollectiveRequest(kind=Collective.ALL_REDUCE, array=data))
+    done: list[Command] = []
+    chunks = sent(out, rig.parent, Contribution)
+    while chunks:
+        out = rig.from_parent(result_for(chunks.pop(0), lambda rank, i: 0))
+        chunks += sent(out, rig.parent, Contribution)
+        done += out
+    (completed,) = [c for c in done if isinstance(c, OperationCompleted)]
+    assert completed.result is not None
+    assert completed.result.shape == (6, 4) and completed.result.tolist() == data.tolist()
+
+
+def test_a_copy_packed_wider_carries_the_same_integers() -> None:
+    rig = joined()
+    _, out = rig.start(int_request(list(range(8))))
+    first, _ = sent(out, rig.parent, Contribution)
+    result = result_for(first)
+    assert result.width < 8 and rig.from_parent(result) == []
+    wide = narrow(unpack(result.payload, result.width).astype(np.int64), 8).tobytes()
+    assert rig.from_parent(dataclasses.replace(result, width=8, payload=wide)) == []
+
+
+def test_a_result_that_does_not_fit_fails_once_every_chunk_is_verified() -> None:
+    """Decoding failures wait for the last chunk, as decoding the whole array would:
+    this rank keeps sending, so the other ranks still get every chunk."""
+    rig = joined()
+    values = np.full(12, 100, dtype=np.int8)  # three chunks; the window holds two
+    op_id, out = rig.start(CollectiveRequest(kind=Collective.ALL_REDUCE, array=values))
+    first, second = sent(out, rig.parent, Contribution)
+    out = rig.from_parent(result_for(first, lambda rank, i: 20))  # 100 + 3 x 20 does not fit int8
+    assert failures(out) == [] and [c.chunk_index for c in sent(out, rig.parent, Contribution)] == [2]
+    (third,) = sent(out, rig.parent, Contribution)
+    assert rig.from_parent(result_for(second, lambda rank, i: -rank)) == []
+    out = rig.from_parent(result_for(third, lambda rank, i: -rank))
+    (error,) = failures(out)
+    assert error.code is ErrorCode.OVERFLOW and error.op_id == op_id
+    assert "decoding: chunk 0" in str(error) and error.missing_chunks == ()
+    assert sent(out, rig.parent, Abort) == []  # every rank decodes the same integers
+
+
+def test_a_broadcast_of_half_an_element_fails_decoding() -> None:
+    rig = joined()
+    header = dataclasses.replace(
+        payload.ChunkHeader.of(root_chunks(np.zeros(1, dtype=np.int64), op_id=0)[0]), total_elements=3
+    )
+    odd = payload.seal(KEYS, header, 0, np.array([1, 2, 3], dtype=np.int64), BroadcastData)
+    rig.start(CollectiveRequest(kind=Collective.BROADCAST, root=0, dtype=DType.INT64))
+    (error,) = failures(rig.from_parent(odd))
+    assert error.code is ErrorCode.INVALID_FIELD and "INT64 takes two wire integers per element" in str(error)
+
+
+# --- results chunk by chunk, memory -----------------------------------------------------
+
+SPLIT = GroupParams(chunk_elements=5, window=2, heartbeat_interval_ms=600_000, operation_timeout_ms=1000)
+"""Five wire integers per chunk: chunks split 64-bit elements and ALL_GATHER slices."""
+
+
+def tree_result(mine: ChunkMessage, others: dict[int, np.ndarray]) -> ChunkMessage:
+    """What the tree returns for ``mine``: a root's BroadcastData itself; otherwise the
+    Result combining it with the other ranks' wire integers ``others[rank]``."""
+    if isinstance(mine, BroadcastData):
+        return mine
+    header = payload.ChunkHeader.of(mine)
+    start = header.chunk_index * header.chunk_elements
+    parts = [
+        payload.seal(KEYS, header, r, wire[start : start + header.element_count])
+        for r, wire in others.items()
+    ]
+    return payload.combine([mine, *parts], Result)
+
+
+def play_tree(
+    rig: Rig,
+    request: CollectiveRequest,
+    others: dict[int, np.ndarray],
+    incoming: list[ChunkMessage],
+    delivered: list[ChunkMessage] | None = None,
+) -> Command:
+    """Run ``request`` with the test as the tree, answering every chunk the session
+    sends and delivering ``incoming``; the outcome.  Each chunk delivered is appended
+    to ``delivered`` when given (and otherwise dropped, as a tree would)."""
+    _, out = rig.start(request)
+    outcomes = [c for c in out if isinstance(c, OperationCompleted | OperationFailed)]
+    queue = [*incoming, *sent(out, rig.parent, ChunkMessage)]
+    while queue:
+        chunk = tree_result(queue.pop(0), others)
+        if delivered is not None:
+            delivered.append(chunk)
+        out = rig.from_parent(chunk)
+        outcomes += [c for c in out if isinstance(c, OperationCompleted | OperationFailed)]
+        queue += sent(out, rig.parent, ChunkMessage)
+    (outcome,) = outcomes
+    return outcome
+
+
+def random_input(rng: np.random.Generator, dtype: DType, kind: Collective, n: int) -> np.ndarray:
+    """Any bit pattern (NaN payloads too) where data only moves; otherwise values whose
+    reduction over WORLD ranks fits the type."""
+    element = ELEMENT_TYPES[dtype]
+    if kind in BIT_EXACT_KINDS:
+        return rng.integers(0, 256, n * element.storage.itemsize, dtype=np.uint8).view(element.storage)
+    if element.is_float:
+        return rng.uniform(-1, 1, n).astype(element.storage)
+    bound = min((1 << (element.bits - 1)) // (2 * WORLD), contribution_bound(WORLD))
+    return rng.integers(-bound, bound, n, endpoint=True).astype(element.storage)
+
+
+def _decoding_cases() -> list[tuple[Collective, DType, ReduceOp, bool]]:
+    """(kind, dtype, op, this rank is the root) for every valid combination."""
+    cases = [
+        (kind, dtype, op, True)
+        for kind in (Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER)
+        for dtype in DType
+        for op in ReduceOp
+        if not (OPS[op].integer_only and ELEMENT_TYPES[dtype].is_float)
+    ]
+    cases += [(Collective.ALL_GATHER, dtype, ReduceOp.SUM, False) for dtype in DType]
+    return cases + [
+        (Collective.BROADCAST, dtype, ReduceOp.SUM, root) for dtype in DType for root in (True, False)
+    ]
+
+
+@pytest.mark.parametrize(("kind", "dtype", "op", "as_root"), _decoding_cases())
+def test_chunk_by_chunk_decoding_is_bit_identical_to_decoding_the_whole_array(
+    kind: Collective, dtype: DType, op: ReduceOp, as_root: bool
+) -> None:
+    rng = np.random.default_rng([int(kind), int(dtype), int(op), as_root])
+    for _ in range(3):
+        rig = Rig()
+        rig.join(SPLIT)
+        n = int(rng.integers(1, 12)) * (WORLD if kind is Collective.REDUCE_SCATTER else 1)
+        data = {r: random_input(rng, dtype, kind, n) for r in range(WORLD)}
+        scale = 0 if kind in BIT_EXACT_KINDS else payload.default_scale(dtype, WORLD)
+        wire = {r: payload.encode_values(x, dtype, kind, scale, WORLD) for r, x in data.items()}
+        if kind is Collective.ALL_GATHER:
+            wire = {
+                r: np.concatenate([w if q == r else np.zeros_like(w) for q in range(WORLD)])
+                for r, w in wire.items()
+            }
+        others = {r: w for r, w in wire.items() if r != RANK and kind is not Collective.BROADCAST}
+        receiver = kind is Collective.BROADCAST and not as_root
+        incoming = (
+            root_chunks(data[0], 0, dtype=dtype, chunk_elements=SPLIT.chunk_elements) if receiver else []
+        )
+        request = CollectiveRequest(
+            kind=kind,
+            op=op,
+            array=None if receiver else data[RANK],
+            root=(RANK if as_root else 0) if kind in (Collective.REDUCE, Collective.BROADCAST) else None,
+            dtype=dtype,
+        )
+        delivered: list[ChunkMessage] = []
+        outcome = play_tree(rig, request, others, incoming, delivered)
+        assert isinstance(outcome, OperationCompleted) and outcome.result is not None
+        delivered.sort(key=lambda c: c.chunk_index)
+        integers = np.concatenate([unpack(c.payload, c.width).astype(np.int64) for c in delivered])
+        contributors = 1 if kind is Collective.BROADCAST else WORLD
+        whole = payload.decode_values(integers, dtype, kind, op, scale, contributors)
+        if kind is Collective.ALL_GATHER:
+            whole = whole.reshape(WORLD, n)
+        elif kind is Collective.REDUCE_SCATTER:
+            whole = whole[RANK * (n // WORLD) : (RANK + 1) * (n // WORLD)]
+        result = outcome.result
+        assert (result.dtype, result.shape) == (whole.dtype, whole.shape)
+        assert result.tobytes() == whole.tobytes()
+
+
+def test_a_large_operation_keeps_its_result_and_a_few_chunks() -> None:
+    """The memory a 4 MiB float32 all-reduce takes, from start() to the result, with the
+    test as the tree: the result (the input is the caller's), a few chunks in flight."""
+    params = GroupParams(
+        chunk_elements=1 << 14, window=4, heartbeat_interval_ms=600_000, operation_timeout_ms=60_000
+    )
+    rig = Rig()
+    rig.join(params)
+    data = np.random.default_rng(7).uniform(-1, 1, 1 << 20).astype(np.float32)
+    zeros = {r: np.broadcast_to(np.int64(0), data.size) for r in range(WORLD) if r != RANK}
+    request = CollectiveRequest(kind=Collective.ALL_REDUCE, array=data)
+    tracemalloc.start()
+    try:
+        outcome = play_tree(rig, request, zeros, [])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert isinstance(outcome, OperationCompleted) and outcome.result is not None
+    scale = payload.default_scale(DType.FLOAT32, WORLD)
+    wire = payload.encode_values(data, DType.FLOAT32, Collective.ALL_REDUCE, scale, WORLD)
+    want = payload.decode_values(wire, DType.FLOAT32, Collective.ALL_REDUCE, ReduceOp.SUM, scale, WORLD)
+    assert outcome.result.tobytes() == want.tobytes()
+    assert peak < 2 * data.nbytes + params.window * params.chunk_elements * 16, peak
 
 
 # --- every (state, input) pair of the session table ---------------------------------------

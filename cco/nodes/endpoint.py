@@ -4,17 +4,22 @@ The session joins the group at the rendezvous, connects to the aggregator the
 rendezvous names as its parent, and runs collectives over that tree:
 
 * :meth:`EndpointMachine.start` turns a :class:`CollectiveRequest` into an
-  operation: the whole array is encoded to wire integers at once (so an unencodable
-  value fails the call before anything is sent), and each chunk is sealed only
-  when the window lets it leave, under the epoch current at that moment;
+  operation that keeps the caller's array, not its encoding: the array is encoded
+  chunk by chunk once and the integers dropped (so an unencodable value fails the
+  call before anything is sent), and each chunk is encoded again when it is needed:
+  sealed when the window lets it leave, under the epoch current at that moment,
+  sent again on request, or compared with the result;
 * at most ``GroupParams.window`` chunks of the session are outstanding at a time,
   across all its operations in call order; a chunk stops being outstanding when
   its result comes back, so the tree's memory per group stays bounded by
   window x chunk size (SwitchML's self-clocking);
 * every Result or BroadcastData chunk is verified (:func:`payload.open_verified`)
   against the ranks that must have contributed and against this rank's own
-  contribution before it is written into the result buffer; the operation
-  completes once every chunk is verified, and only then is the array decoded.
+  contribution, then decoded straight into the result array and remembered by a
+  digest of its integers; the operation completes once every chunk is verified.
+
+Besides the caller's array and the result, an operation holds a few chunks'
+worth of memory, whatever the tensor size.
 
 Every failure reaches the caller as :class:`OperationFailed` carrying an
 :class:`OperationError`, which names the group, the operation, the collective and,
@@ -23,6 +28,7 @@ when anyone knows them, the ranks that did not contribute.
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from enum import Enum
@@ -48,9 +54,11 @@ from cco.nodes.events import (
 from cco.nodes.fsm import TransitionTable
 from cco.nodes.replies import clip, ranks_text, refuse
 from cco.wire import payload
+from cco.wire.codec import decode_positions, encode_range, positions, wire_length
 from cco.wire.dtypes import ELEMENT_TYPES
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap
+from cco.wire.fixedpoint import contribution_bound
 from cco.wire.messages import (
     ELEMENT_WIDTHS,
     MAX_TOTAL_ELEMENTS,
@@ -239,6 +247,7 @@ def diagrams() -> str:
 
 
 _FINISHED = (OperationState.COMPLETED, OperationState.FAILED)
+_HELD_BACK = (OperationState.QUEUED, OperationState.SENDING)
 
 
 # --- the public pieces --------------------------------------------------------------
@@ -267,7 +276,12 @@ class CollectiveRequest:
     """One collective call.
 
     ``array`` is the rank's input (for a broadcast receiver, optional: its shape is
-    used for the result); ``root`` names the root of REDUCE and BROADCAST.  ``scale``
+    used for the result).  The operation reads it until it completes, encoding each
+    chunk when the chunk is sent (again) or checked against the result, so the caller
+    must not modify it before then, as with torch.distributed's asynchronous
+    operations (a value changed to one that does not encode fails the operation);
+    only an array that is not C-contiguous is copied, once, at start.
+    ``root`` names the root of REDUCE and BROADCAST.  ``scale``
     overrides the fixed-point scale of float reductions (every rank must pass the
     same one).  ``timeout`` is in seconds; None means the group's operation timeout
     plus one heartbeat interval, so that the tree's Abort, which names the missing
@@ -327,7 +341,8 @@ class _Operation:
     root: int | None
     total: int  # wire integers
     shape: tuple[int, ...] | None  # the caller's array shape, when known
-    values: np.ndarray | None  # this rank's wire integers; None when it sends nothing
+    source: np.ndarray | None  # this rank's input, flat and not encoded; None when it sends nothing
+    placed: range  # the wire positions that carry source (ALL_GATHER: rank r's slice; else all)
     deadline: float
     timeout: float
     epoch: int | None = None  # fixed by the first chunk sent (or the first received)
@@ -336,9 +351,16 @@ class _Operation:
     state: OperationState = OperationState.QUEUED
     next_chunk: int = 0
     outstanding: set[int] = field(default_factory=set)
-    verified: set[int] = field(default_factory=set)
-    buffer: np.ndarray | None = None
+    verified: dict[int, bytes] = field(default_factory=dict)  # chunk index -> digest of its integers
+    result: np.ndarray | None = None  # flat, in the caller's dtype; verified chunks decode into it
+    decode_error: CcoError | None = None  # the first chunk that did not decode (see _decode)
     members: frozenset[int] = frozenset()
+
+
+def _digest(values: np.ndarray) -> bytes:
+    """A chunk's integers, taken as int64 so that copies packed at different widths
+    compare equal, in 16 bytes: enough to tell a different copy apart."""
+    return hashlib.blake2b(np.ascontiguousarray(values, dtype=np.int64).data, digest_size=16).digest()
 
 
 # --- the machine ------------------------------------------------------------------
@@ -439,12 +461,10 @@ class EndpointMachine:
         op_id = self._next_op_id
         self._next_op_id += 1
         timeout = request.timeout if request.timeout is not None else self._default_timeout()
-        try:
-            values = self._encode(request.kind, array, dtype, scale) if sending else None
-        except CcoError as error:
-            return op_id, self._refuse_start(op_id, request.kind, error)
-        if values is not None:
-            total = values.size
+        source = self._source(array) if sending else None
+        placed = self._placement(request.kind, dtype, source)
+        if source is not None:
+            total = len(placed) * (self._world_size if request.kind is Collective.ALL_GATHER else 1)
         elif array is not None:  # a broadcast receiver that knows the shape
             total = array.size * element.patterns_per_element
         else:  # learnt from the first verified chunk
@@ -458,13 +478,18 @@ class EndpointMachine:
             root=root,
             total=total,
             shape=shape,
-            values=values,
+            source=source,
+            placed=placed,
             deadline=now + timeout,
             timeout=timeout,
         )
-        self._ops[op_id] = operation
         if total >= 0:
             self._size(operation, total)
+        try:
+            self._check_encodes(operation)
+        except CcoError as error:
+            return op_id, self._refuse_start(op_id, request.kind, error)
+        self._ops[op_id] = operation
         out: list[Command] = []
         if not sending:
             self._op_event(operation, ALL_SENT)
@@ -753,11 +778,8 @@ class EndpointMachine:
                 op, BAD_CHUNK, error.code, f"chunk {index}: {error.detail}", None, tell_tree=True
             )
         op.epoch = message.epoch
-        if op.buffer is None:  # allocated only once a chunk proved the size genuine
-            op.buffer = np.zeros(op.total, dtype=np.int64)
-        start = index * op.chunk_elements
-        op.buffer[start : start + values.size] = values
-        op.verified.add(index)
+        op.verified[index] = _digest(values)
+        self._decode(op, index, values)
         if index in op.outstanding:
             op.outstanding.discard(index)
             self._outstanding -= 1
@@ -778,14 +800,13 @@ class EndpointMachine:
             )
 
     def _check_copy(self, op: _Operation, message: ChunkMessage) -> None:
-        """A second copy of a verified chunk must carry the same integers."""
+        """A second copy of a verified chunk must carry the same integers (compared by
+        digest: the verified integers themselves are not kept)."""
         self._check_header(op, message)
-        assert op.buffer is not None
-        start = message.chunk_index * op.chunk_elements
-        kept = op.buffer[start : start + message.element_count]
-        if message.width not in ELEMENT_WIDTHS or len(message.payload) != kept.size * message.width:
+        count = message.element_count
+        if message.width not in ELEMENT_WIDTHS or len(message.payload) != count * message.width:
             raise CcoError(ErrorCode.INVALID_FIELD, "a copy's payload does not fit its header")
-        if not np.array_equal(unpack(message.payload, message.width), kept):
+        if _digest(unpack(message.payload, message.width)) != op.verified[message.chunk_index]:
             raise CcoError(
                 ErrorCode.DUPLICATE_CONTRIBUTION, f"a different copy of verified chunk {message.chunk_index}"
             )
@@ -797,24 +818,50 @@ class EndpointMachine:
         if op.kind is Collective.BROADCAST:
             assert op.root is not None
             expected = frozenset({op.root})
-            own = None if op.values is None else (op.root, self._chunk_values(op, message.chunk_index))
+            own = None if op.source is None else (op.root, self._chunk_values(op, message.chunk_index))
         else:
             expected = op.members
             own = (self._rank, self._chunk_values(op, message.chunk_index))
         return payload.open_verified(self._keys, message, expected, own)
 
+    def _receives(self, op: _Operation) -> bool:
+        """Whether this rank gets a result (REDUCE: only the root; BARRIER: nobody)."""
+        return op.kind is not Collective.BARRIER and (
+            op.kind is not Collective.REDUCE or op.root == self._rank
+        )
+
+    def _decode(self, op: _Operation, index: int, values: np.ndarray) -> None:
+        """Decode verified chunk ``index`` into the result, allocated when the first chunk
+        proved the size genuine.  Decoding is elementwise, so the result is bit for bit
+        what decoding the whole array at once gives.  A chunk that does not decode is
+        kept for :meth:`_complete` to report, as whole-array decoding at the end would:
+        meanwhile this rank still sends its chunks, so the other ranks finish."""
+        if not self._receives(op) or op.decode_error is not None:
+            return
+        if op.result is None:
+            elements, split = divmod(op.total, wire_length(op.dtype, op.kind, 1))
+            if split:
+                detail = f"{op.dtype.name} takes two wire integers per element; {op.total} is odd"
+                op.decode_error = CcoError(ErrorCode.INVALID_FIELD, detail)
+                return
+            op.result = np.empty(elements, dtype=ELEMENT_TYPES[op.dtype].storage)
+        contributors = 1 if op.kind is Collective.BROADCAST else len(op.members)
+        start = index * op.chunk_elements
+        try:
+            decoded = decode_positions(values, op.dtype, op.kind, op.op, op.scale, contributors)
+        except CcoError as error:
+            op.decode_error = CcoError(error.code, f"chunk {index}: {error.detail}")
+            return
+        positions(op.result, op.dtype, op.kind)[start : start + values.size] = decoded
+
     def _complete(self, op: _Operation) -> list[Command]:
-        assert op.buffer is not None and self._rank is not None
         result: np.ndarray | None = None
-        if op.kind is not Collective.BARRIER and (op.kind is not Collective.REDUCE or op.root == self._rank):
-            contributors = 1 if op.kind is Collective.BROADCAST else len(op.members)
-            try:
-                decoded = payload.decode_values(op.buffer, op.dtype, op.kind, op.op, op.scale, contributors)
-            except CcoError as error:
-                return self._finish_failed(
-                    op, BAD_CHUNK, error.code, f"decoding: {error.detail}", None, tell_tree=False
-                )
-            result = self._shape_result(op, decoded)
+        if self._receives(op):
+            if op.decode_error is not None:
+                detail = f"decoding: {op.decode_error.detail}"
+                return self._finish_failed(op, BAD_CHUNK, op.decode_error.code, detail, None, tell_tree=False)
+            assert op.result is not None
+            result = self._shape_result(op, op.result)
         self._op_event(op, LAST_CHUNK)
         del self._ops[op.op_id]
         return [OperationCompleted(op.op_id, result)]
@@ -839,7 +886,11 @@ class EndpointMachine:
             return []
         out: list[Command] = []
         for index in sorted(set(request.chunks) & op.outstanding):
-            out.append(SendMessage(self._parent, self._seal(op, index)))
+            try:
+                message = self._seal(op, index)
+            except CcoError as error:
+                return out + self._input_changed(op, index, error)
+            out.append(SendMessage(self._parent, message))
             self._op_event(op, RESENT)
         return out
 
@@ -851,22 +902,28 @@ class EndpointMachine:
             return []
         out: list[Command] = []
         for op in list(self._ops.values()):
-            while (
-                op.values is not None
-                and op.next_chunk < op.chunks
-                and self._outstanding < self._params.window
-            ):
-                out.append(SendMessage(self._parent, self._seal(op, op.next_chunk)))
-                op.outstanding.add(op.next_chunk)
-                self._outstanding += 1
-                op.next_chunk += 1
-                self._op_event(op, SENT if op.next_chunk < op.chunks else ALL_SENT)
-            if op.values is not None and op.next_chunk < op.chunks:
+            out += self._send_chunks(op, self._parent, self._params.window)
+            if op.state in _HELD_BACK:
                 break  # later operations wait behind this one: chunks leave in call order
         return out
 
+    def _send_chunks(self, op: _Operation, parent: PeerId, window: int) -> list[Command]:
+        """Send ``op``'s next chunks while the window has room."""
+        out: list[Command] = []
+        while op.source is not None and op.next_chunk < op.chunks and self._outstanding < window:
+            try:
+                message = self._seal(op, op.next_chunk)
+            except CcoError as error:
+                return out + self._input_changed(op, op.next_chunk, error)
+            out.append(SendMessage(parent, message))
+            op.outstanding.add(op.next_chunk)
+            self._outstanding += 1
+            op.next_chunk += 1
+            self._op_event(op, SENT if op.next_chunk < op.chunks else ALL_SENT)
+        return out
+
     def _seal(self, op: _Operation, index: int) -> ChunkMessage:
-        assert self._keys is not None and self._rank is not None and op.values is not None
+        assert self._keys is not None and self._rank is not None
         if op.epoch is None:
             op.epoch = self._epoch
             op.members = self._members
@@ -891,9 +948,42 @@ class EndpointMachine:
         )
 
     def _chunk_values(self, op: _Operation, index: int) -> np.ndarray:
-        assert op.values is not None
+        """This rank's wire integers of chunk ``index``, encoded from its input now;
+        zeros at the positions its input does not cover (ALL_GATHER)."""
         start = index * op.chunk_elements
-        return op.values[start : start + chunk_length(op.total, op.chunk_elements, index)]
+        stop = start + chunk_length(op.total, op.chunk_elements, index)
+        first, last = max(start, op.placed.start), min(stop, op.placed.stop)
+        if (first, last) == (start, stop):
+            return self._encode(op, start - op.placed.start, stop - op.placed.start)
+        values = np.zeros(stop - start, dtype=np.int64)
+        if first < last:
+            values[first - start : last - start] = self._encode(
+                op, first - op.placed.start, last - op.placed.start
+            )
+        return values
+
+    def _encode(self, op: _Operation, start: int, stop: int) -> np.ndarray:
+        """Wire integers [start, stop) of this rank's input, counted from its first."""
+        assert op.source is not None
+        bound = contribution_bound(self._world_size)
+        return encode_range(op.source, ELEMENT_TYPES[op.dtype], op.kind, op.scale, bound, start, stop)
+
+    def _source(self, array: np.ndarray | None) -> np.ndarray:
+        """What an operation keeps of this rank's input: the array itself, flattened (a
+        copy only if it is not C-contiguous); a BARRIER sends no elements."""
+        if array is None:
+            return np.zeros(0, dtype=ELEMENT_TYPES[DType.INT8].storage)
+        return np.ascontiguousarray(array).reshape(-1)
+
+    def _placement(self, kind: Collective, dtype: DType, source: np.ndarray | None) -> range:
+        """The wire positions that carry this rank's input: for ALL_GATHER, rank r's n
+        integers go at r x n (the other ranks fill the rest); otherwise all of them."""
+        if source is None:
+            return range(0)
+        assert self._rank is not None
+        length = wire_length(dtype, kind, source.size)
+        first = self._rank * length if kind is Collective.ALL_GATHER else 0
+        return range(first, first + length)
 
     def _size(self, op: _Operation, total: int) -> None:
         assert self._params is not None
@@ -903,19 +993,14 @@ class EndpointMachine:
         if not op.members:
             op.members = self._members
 
-    def _encode(self, kind: Collective, array: np.ndarray | None, dtype: DType, scale: int) -> np.ndarray:
-        """This rank's wire integers for the whole operation."""
-        assert self._rank is not None
-        if kind is Collective.BARRIER:
-            return np.zeros(0, dtype=np.int64)
-        assert array is not None
-        flat = np.ascontiguousarray(array).reshape(-1)
-        values = payload.encode_values(flat, dtype, kind, scale, self._world_size)
-        if kind is not Collective.ALL_GATHER:
-            return values
-        placed = np.zeros(values.size * self._world_size, dtype=np.int64)
-        placed[self._rank * values.size : (self._rank + 1) * values.size] = values
-        return placed
+    def _check_encodes(self, op: _Operation) -> None:
+        """Encode this rank's whole input a chunk at a time, keeping nothing, so that
+        an unencodable value (NaN, infinity, out of range) fails start() before
+        anything is sent, with the memory of one chunk."""
+        if op.source is None:
+            return
+        for start in range(0, len(op.placed), op.chunk_elements):
+            self._encode(op, start, min(start + op.chunk_elements, len(op.placed)))
 
     # --- failures ---------------------------------------------------------------
 
@@ -943,6 +1028,15 @@ class EndpointMachine:
             missing_ranks=frozenset({self._rank}),
         )
         return [*out, OperationFailed(op_id, failure)]
+
+    def _input_changed(self, op: _Operation, index: int, error: CcoError) -> list[Command]:
+        """Chunk ``index`` encoded at start() but no longer does: the caller changed the
+        array before the operation completed.  Fail the operation, and tell the tree so
+        the other ranks fail at once instead of waiting for this rank."""
+        assert self._rank is not None
+        detail = f"chunk {index}: the input changed before the operation completed: {error.detail}"
+        missing = frozenset({self._rank})
+        return self._finish_failed(op, BAD_CHUNK, error.code, detail, missing, tell_tree=True)
 
     def _finish_failed(
         self,
@@ -1025,7 +1119,7 @@ class EndpointMachine:
             if self._assignment is not None and self._parent_node is not None and not self._parent_up:
                 out += self._redial()
         for op in [op for op in self._ops.values() if op.deadline <= now]:
-            missing = sorted(set(range(op.chunks)) - op.verified)
+            missing = sorted(set(range(op.chunks)) - op.verified.keys())
             detail = f"no verified result for chunks {missing} after {op.timeout:g}s"
             out += self._finish_failed(op, DEADLINE, ErrorCode.TIMEOUT, detail, None, tell_tree=True)
         return out
