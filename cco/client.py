@@ -117,7 +117,12 @@ class Communicator:
     # --- collectives ---------------------------------------------------------------
 
     def start(self, request: CollectiveRequest) -> asyncio.Future[np.ndarray | None]:
-        """Begin one collective; the future resolves to its verified result."""
+        """Begin one collective; the future resolves to its verified result.
+
+        The input array is read chunk by chunk while the operation runs, not copied:
+        do not modify it until the future is done (as with torch.distributed's
+        asynchronous operations).
+        """
         future: asyncio.Future[np.ndarray | None] = asyncio.get_running_loop().create_future()
         if self._joined.done() and self._joined.exception() is not None:
             future.set_exception(self._joined.exception())  # type: ignore[arg-type]

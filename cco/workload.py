@@ -59,7 +59,14 @@ def make_input(seed: int, case_index: int, rank: int, dtype: DType, elements: in
     if np.issubdtype(numpy_type, np.integer):
         bound = 1000 if np.dtype(numpy_type).itemsize > 1 else 3
         return rng.integers(-bound, bound, size=elements, endpoint=True).astype(numpy_type)
-    return (rng.random(elements) * 2 - 1).astype(numpy_type)
+    if numpy_type is np.float64:
+        return rng.random(elements) * 2 - 1
+    # Drawn in float32, so a large input never costs a float64 temporary of the
+    # whole tensor (the benchmarks' own memory would otherwise dwarf the endpoint's).
+    values = rng.random(elements, dtype=np.float32)
+    values *= 2
+    values -= 1
+    return values.astype(numpy_type, copy=False)
 
 
 def exact_reduce(inputs: list[np.ndarray], op: ReduceOp) -> list[Fraction]:
