@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 from cco.interop.rawcbor import (
@@ -688,12 +688,30 @@ def _type_mismatch_failures() -> list[Failure]:
     ]
 
 
+def _invalid_field(
+    name: str,
+    base: str,
+    description: str,
+    mutation: str,
+    path: Path,
+    value: RawValue,
+    *,
+    cddl_valid: bool = False,
+) -> Failure:
+    """Base vector ``base`` with the field at ``path`` set to ``value``: INVALID_FIELD.
+
+    ``cddl_valid`` says whether the result still matches the schema (the rule broken
+    is one CDDL cannot state) or not.
+    """
+    return Failure(
+        name, base, E.INVALID_FIELD, cddl_valid, description, mutation, with_field(base, path, value)
+    )
+
+
 def _range_failures() -> list[Failure]:
-    invalid = E.INVALID_FIELD
     c = "contribution-all-reduce-sum"
 
-    def f(name: str, base: str, description: str, mutation: str, path: Path, value: RawValue) -> Failure:
-        return Failure(name, base, invalid, False, description, mutation, with_field(base, path, value))
+    f = _invalid_field
 
     return [
         f(
@@ -959,11 +977,9 @@ def _range_failures() -> list[Failure]:
 
 
 def _enum_failures() -> list[Failure]:
-    invalid = E.INVALID_FIELD
     c = "contribution-all-reduce-sum"
 
-    def f(name: str, base: str, description: str, mutation: str, path: Path, value: RawValue) -> Failure:
-        return Failure(name, base, invalid, False, description, mutation, with_field(base, path, value))
+    f = _invalid_field
 
     return [
         f(
@@ -1018,8 +1034,7 @@ def _rule_failures() -> list[Failure]:
     c = "contribution-all-reduce-sum"
     payload = base_value(c)[1][13]
 
-    def f(name: str, base: str, description: str, mutation: str, path: Path, value: RawValue) -> Failure:
-        return Failure(name, base, invalid, True, description, mutation, with_field(base, path, value))
+    f = partial(_invalid_field, cddl_valid=True)
 
     def root(name: str, base: str, description: str, mutation: str, body: RawValue) -> Failure:
         return Failure(name, base, invalid, False, description, mutation, with_body(base, body))
