@@ -63,7 +63,8 @@ class Communicator:
         self.spec = spec
         self._joined: asyncio.Future[Joined] = asyncio.get_running_loop().create_future()
         self._pending: dict[int, asyncio.Future[np.ndarray | None]] = {}
-        self._closed = False
+        self._closing = False  # close() has begun (it runs once)
+        self._closed = False  # close() is past its barrier: no new collectives
 
     @classmethod
     async def join(
@@ -124,8 +125,8 @@ class Communicator:
         asynchronous operations).
         """
         future: asyncio.Future[np.ndarray | None] = asyncio.get_running_loop().create_future()
-        if self._joined.done() and self._joined.exception() is not None:
-            future.set_exception(self._joined.exception())  # type: ignore[arg-type]
+        if self._closed:
+            future.set_exception(CcoError(ErrorCode.ABORTED, "communicator closed"))
             return future
         now = self._service.runner.clock()
         op_id, commands = self._machine.start(request, now)  # raises CcoError on misuse
@@ -182,12 +183,13 @@ class Communicator:
         lost, or ``timeout`` seconds passed) the rank leaves anyway.  Operations of
         this rank still pending when close() is called fail with ABORTED.
         """
-        if self._closed:
+        if self._closing:
             return
-        self._closed = True
-        if linger and self._joined.done() and self._joined.exception() is None:
+        self._closing = True
+        if linger:
             with contextlib.suppress(CcoError):
                 await self.barrier(timeout=timeout)
+        self._closed = True  # from here on, new collectives fail with ABORTED
         self._service.runner.execute_all(self._machine.leave(self._service.runner.clock()))
         await asyncio.sleep(0)  # let the Leave reach the transport queue
         await self._service.close()
@@ -213,8 +215,6 @@ class Communicator:
                 future.set_exception(command.error)
 
     def _fail_all(self, error: CcoError) -> None:
-        if not self._joined.done():
-            self._joined.set_exception(error)
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(error)

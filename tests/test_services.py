@@ -130,6 +130,9 @@ def test_two_groups_share_aggregators_with_independent_results(pki: Path) -> Non
                 assert np.array_equal(result, np.full(3000, 7))
         finally:
             await cluster.close()
+        with pytest.raises(CcoError) as info:
+            await group_a[0].all_reduce(inputs_a[0])
+        assert info.value.code is ErrorCode.ABORTED, "a closed communicator refuses new collectives"
 
     run(scenario)
 
