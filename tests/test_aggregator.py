@@ -927,3 +927,55 @@ def test_random_arrivals_never_double_count(arrivals: list[tuple[str, int, int, 
     for slot, values in results.items():
         expected = sum(v for (s, _), v in taken.items() if s == slot)
         assert values == [expected] * 4
+
+
+# --- resource bounds (issue 11: each fails when its enforcement is removed) ---------
+
+
+def test_assignment_with_more_children_than_max_fan_in_is_refused() -> None:
+    """The aggregator's own max_fan_in caps its children, whatever the rendezvous says."""
+    rig = Rig(AggregatorMachine(AggregatorConfig(address=ADDRESS, max_fan_in=2)))
+    rig.register()
+    rig.connect("ep0", "ep1", "ep2")
+    out = rig.rendezvous(assignment({"ep0": [0], "ep1": [1], "ep2": [2]}))
+    (error,) = sent(out, "rv", Error)
+    assert error.code is ErrorCode.RESOURCE_EXHAUSTED and "max_fan_in" in error.detail
+    assert rig.machine.group_state(GROUP) is GroupState.UNKNOWN
+    # Exactly max_fan_in children is within the bound.
+    assert errors(rig.rendezvous(assignment({"ep0": [0], "ep1": [1]}))) == []
+    assert rig.machine.group_state(GROUP) is GroupState.ACTIVE
+
+
+def test_remembered_chunk_fingerprints_are_bounded_by_record_limit() -> None:
+    """Completed slots are remembered (to recognise late retransmissions) only up to
+    ``record_limit`` per group, oldest forgotten first: the aggregator's memory stays
+    bounded however many operations a group runs."""
+    rig = Rig(AggregatorMachine(AggregatorConfig(address=ADDRESS, record_limit=2)))
+    rig.register()
+    rig.connect("ep0", "ep1")
+    rig.rendezvous(assignment({"ep0": [0], "ep1": [1]}))
+    for op_id in range(3):
+        rig.send("ep0", chunk(0, op_id=op_id, total=4))
+        assert len(sent(rig.send("ep1", chunk(1, op_id=op_id, total=4)), None, Result)) == 2
+    assert rig.machine.slot_state(GROUP, 0, 0) is None, "the oldest record is forgotten"
+    assert rig.machine.slot_state(GROUP, 1, 0) is SlotState.COMPLETE
+    assert rig.machine.slot_state(GROUP, 2, 0) is SlotState.COMPLETE
+    # A late copy of a remembered chunk is still recognised; one of a forgotten chunk
+    # opens a fresh slot (which will time out): nothing is counted twice either way.
+    assert rig.send("ep0", chunk(0, op_id=2, total=4)) == []
+    assert rig.machine.open_slots(GROUP) == 0
+    assert rig.send("ep0", chunk(0, op_id=0, total=4)) == []
+    assert rig.machine.slot_state(GROUP, 0, 0) is SlotState.COLLECTING
+
+
+def test_remembered_aborted_operations_are_bounded_by_record_limit() -> None:
+    rig = Rig(AggregatorMachine(AggregatorConfig(address=ADDRESS, record_limit=2)))
+    rig.register()
+    rig.connect("ep0", "ep1")
+    rig.rendezvous(assignment({"ep0": [0], "ep1": [1]}))
+    for op_id in range(3):
+        abort = Abort(group_id=GROUP, epoch=1, op_id=op_id, code=ErrorCode.TIMEOUT, detail="gave up")
+        assert sent(rig.send("ep0", abort), "ep1", Abort)
+    assert rig.machine.slot_state(GROUP, 0, 0) is None, "the oldest aborted operation is forgotten"
+    assert rig.machine.slot_state(GROUP, 1, 0) is SlotState.ABORTED
+    assert rig.machine.slot_state(GROUP, 2, 0) is SlotState.ABORTED
