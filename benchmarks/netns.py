@@ -1,0 +1,352 @@
+"""A star of network namespaces on one machine: the testbed for bandwidth-bound runs.
+
+One *hub* namespace routes between N *endpoint* namespaces, one veth link each, and
+hosts whatever must sit on the path (the rendezvous and the aggregator), so every byte
+an endpoint sends or receives crosses its own shaped link, and endpoint-to-endpoint
+traffic (a ring all-reduce) crosses two.  Each direction of each link is shaped with a
+``tbf`` qdisc to the same rate: the endpoint side shapes the way up, the hub side the
+way down.
+
+Addresses come from 198.18.0.0/15 (set aside for benchmarking) only::
+
+    hub      lo    198.18.0.1/32        services listen here (HUB_ADDRESS)
+    hub      ep<i> 198.18.<i+1>.1/24    gateway of endpoint i
+    ep<i>    eth0  198.18.<i+1>.2/24    default route via 198.18.<i+1>.1
+
+Names: every namespace of one star is called ``<base>-<pid>-hub`` or
+``<base>-<pid>-ep<i>``, where ``pid`` is the process that built it.  Before building,
+:class:`Star` removes every namespace of the same ``base`` whose owner process is gone
+(a crashed run), first killing what still runs inside it, so a crash never leaves the
+next run a mess, and two live runs never touch each other.  A star is a context
+manager; it is also torn down at interpreter exit and on SIGTERM/SIGHUP.
+
+Sizing of ``tbf`` (see :func:`tbf_sizes`):
+
+* ``burst`` (the bucket) must hold at least one whole frame, or a frame larger than
+  the bucket can never be sent and is dropped: for jumbo frames that means 9014 bytes,
+  far above the few KB people usually give.  We take two frames or 2 ms at the rate,
+  whichever is larger: small enough that the link never runs measurably above its
+  rate (2 ms against runs of seconds), large enough for back-to-back jumbo frames.
+* ``limit`` (the queue in bytes) decides when tbf drops.  A queue of a few frames
+  drops whole bursts from a sender that writes a congestion window at once (as a
+  Python QUIC stack does), and every drop costs loss recovery and a halved window; a
+  huge queue only adds delay.  We take ``queue_ms`` (default 100 ms) at the rate, but
+  never fewer than 32 full frames.  At 40 Mbit/s that is 500 KB (55 jumbo or 330
+  standard frames) and at most 100 ms of queueing delay.
+
+Requires root, ``ip`` and ``tc`` (iproute2) and a kernel with veth and tbf;
+:func:`unavailable_reason` says in one line why a star cannot be built here.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+HUB_ADDRESS = "198.18.0.1"
+"""Where services in the hub listen; every endpoint reaches it over its own link."""
+
+ETHERNET_HEADER = 14
+"""Bytes tbf counts on top of the IP packet on a veth link."""
+
+IP_UDP_HEADERS = 48
+"""IPv6 (40) and UDP (8) headers, which also covers IPv4 (20 + 8)."""
+
+DEFAULT_BASE = "ccostar"
+
+
+def quic_datagram_size(mtu: int) -> int:
+    """The QUIC ``max_datagram_size`` for a link MTU: 1500 -> 1452, 9000 -> 8952.
+
+    QUIC's ``max_datagram_size`` is the UDP payload; MTU minus the IPv6 and UDP
+    headers fits either IP version, the same choice as the usual 1452 for 1500.
+    """
+    return mtu - IP_UDP_HEADERS
+
+
+def tbf_sizes(rate_bit: float, mtu: int, queue_ms: float = 100.0) -> tuple[int, int]:
+    """``(burst, limit)`` in bytes for a tbf at ``rate_bit`` bit/s on a link of ``mtu``.
+
+    See the module docstring for why: the bucket holds two frames or 2 ms at the
+    rate; the queue holds ``queue_ms`` at the rate, and never fewer than 32 frames.
+    """
+    if rate_bit <= 0 or mtu < 576 or queue_ms <= 0:
+        raise ValueError(f"bad shaping: rate {rate_bit} bit/s, mtu {mtu}, queue {queue_ms} ms")
+    frame = mtu + ETHERNET_HEADER
+    rate_bytes = rate_bit / 8
+    burst = max(2 * frame, int(rate_bytes * 0.002))
+    limit = max(32 * frame, int(rate_bytes * queue_ms / 1000), burst)
+    return burst, limit
+
+
+class NetnsError(RuntimeError):
+    """A namespace, link or qdisc could not be set up; the message says which command."""
+
+
+def _run(argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(list(argv), capture_output=True, text=True, check=False)
+    if check and done.returncode != 0:
+        raise NetnsError(f"`{' '.join(argv)}` failed ({done.returncode}): {done.stderr.strip()}")
+    return done
+
+
+def unavailable_reason() -> str | None:
+    """Why a namespace star cannot be built here, in one line; None if it can.
+
+    Checks the platform, root, the ``ip`` and ``tc`` tools, and then really creates
+    and removes a probe namespace with a tbf qdisc, since containers often forbid that
+    even to root.
+    """
+    if not sys.platform.startswith("linux"):
+        return f"network namespaces need Linux (this is {sys.platform})"
+    if os.geteuid() != 0:
+        return "network namespaces need root (run as root, e.g. in CI)"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"`{tool}` (iproute2) is not installed"
+    probe = f"{DEFAULT_BASE}-{os.getpid()}-probe"
+    try:
+        _run(["ip", "netns", "add", probe])
+    except NetnsError as exc:
+        return f"cannot create a network namespace: {exc}"
+    try:
+        _run(["ip", "-n", probe, "link", "set", "lo", "up"])
+        _run(["tc", "-n", probe, "qdisc", "add", "dev", "lo", "root", "tbf",
+              "rate", "1mbit", "burst", "20000", "limit", "100000"])  # fmt: skip
+    except NetnsError as exc:
+        return f"cannot shape a link with tbf: {exc}"
+    finally:
+        _run(["ip", "netns", "del", probe], check=False)
+    return None
+
+
+def _namespaces() -> list[str]:
+    out = _run(["ip", "netns", "list"]).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_leftovers(base: str = DEFAULT_BASE) -> list[str]:
+    """Delete the namespaces of ``base`` whose owner process is gone; returns their names.
+
+    Processes still running inside such a namespace were started by that crashed run
+    and are killed first, so the namespace really goes away.
+    """
+    live = {ns for star in _LIVE for ns in (star.hub_ns, *star.endpoint_ns)}
+    removed = []
+    for name in _namespaces():
+        owner = name[len(base) + 1 :].split("-", 1)[0] if name.startswith(base + "-") else ""
+        if not owner.isdigit() or name in live:
+            continue
+        if int(owner) != os.getpid() and _alive(int(owner)):
+            continue
+        _kill_inside(name)
+        _run(["ip", "netns", "del", name], check=False)
+        removed.append(name)
+    return removed
+
+
+def _kill_inside(namespace: str) -> None:
+    pids = _run(["ip", "netns", "pids", namespace], check=False).stdout.split()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid), signal.SIGKILL)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StarSpec:
+    """Shape of a star: endpoints, link MTU, rate of each direction, queue depth."""
+
+    endpoints: int
+    rate_mbit: float = 40.0
+    mtu: int = 9000
+    queue_ms: float = 100.0
+    base: str = DEFAULT_BASE
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.endpoints <= 254:
+            raise ValueError(f"endpoints must be 1..254, got {self.endpoints}")
+        if not 576 <= self.mtu <= 65535:
+            raise ValueError(f"mtu must be 576..65535, got {self.mtu}")
+        if not self.base.isalnum():
+            raise ValueError(f"base must be letters and digits, got {self.base!r}")
+        tbf_sizes(self.rate_mbit * 1e6, self.mtu, self.queue_ms)  # validates the rest
+
+
+@dataclass
+class Star:
+    """A built star; use as ``with Star(spec) as star:``.
+
+    ``star.endpoint_ns[i]`` and ``star.hub_ns`` name the namespaces,
+    ``star.endpoint_address(i)`` gives endpoint i's address, :meth:`popen` starts a
+    process inside a namespace (stopped at tear-down if still running).
+    """
+
+    spec: StarSpec
+    hub_ns: str = field(init=False)
+    endpoint_ns: list[str] = field(init=False)
+    _processes: list[subprocess.Popen[Any]] = field(init=False, default_factory=list)
+    _built: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        prefix = f"{self.spec.base}-{os.getpid()}"
+        self.hub_ns = f"{prefix}-hub"
+        self.endpoint_ns = [f"{prefix}-ep{i}" for i in range(self.spec.endpoints)]
+
+    # --- building and tearing down ---------------------------------------------------
+
+    def up(self) -> Star:
+        """Remove leftovers of crashed runs, then build namespaces, links, routes, qdiscs."""
+        remove_leftovers(self.spec.base)
+        _LIVE.append(self)
+        _install_cleanup()
+        self._built = True
+        try:
+            self._build()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def _build(self) -> None:
+        spec = self.spec
+        burst, limit = tbf_sizes(spec.rate_mbit * 1e6, spec.mtu, spec.queue_ms)
+        hub = self.hub_ns
+        _run(["ip", "netns", "add", hub])
+        _run(["ip", "-n", hub, "link", "set", "lo", "up"])
+        _run(["ip", "-n", hub, "addr", "add", f"{HUB_ADDRESS}/32", "dev", "lo"])
+        _run(["ip", "netns", "exec", hub, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1"])
+        shape = ["tbf", "rate", f"{int(spec.rate_mbit * 1e6)}bit", "burst", str(burst), "limit", str(limit)]
+        for i, ns in enumerate(self.endpoint_ns):
+            hub_if, hub_ip, ep_ip = f"ep{i}", self.gateway_address(i), self.endpoint_address(i)
+            _run(["ip", "netns", "add", ns])
+            _run(["ip", "link", "add", "name", "eth0", "netns", ns, "mtu", str(spec.mtu), "type", "veth",
+                  "peer", "name", hub_if, "netns", hub, "mtu", str(spec.mtu)])  # fmt: skip
+            _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+            _run(["ip", "-n", ns, "addr", "add", f"{ep_ip}/24", "dev", "eth0"])
+            _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
+            _run(["ip", "-n", hub, "addr", "add", f"{hub_ip}/24", "dev", hub_if])
+            _run(["ip", "-n", hub, "link", "set", hub_if, "up"])
+            _run(["ip", "-n", ns, "route", "add", "default", "via", hub_ip])
+            _run(["tc", "-n", ns, "qdisc", "add", "dev", "eth0", "root", *shape])  # the way up
+            _run(["tc", "-n", hub, "qdisc", "add", "dev", hub_if, "root", *shape])  # the way down
+
+    def down(self) -> None:
+        """Stop processes started in the star, delete its namespaces (and so its links)."""
+        for process in self._processes:
+            if process.poll() is None:
+                process.terminate()
+        for process in self._processes:
+            try:
+                process.wait(5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self._processes.clear()
+        if self._built:
+            for ns in [*self.endpoint_ns, self.hub_ns]:
+                _kill_inside(ns)
+                _run(["ip", "netns", "del", ns], check=False)
+            self._built = False
+        with contextlib.suppress(ValueError):
+            _LIVE.remove(self)
+
+    def __enter__(self) -> Star:
+        return self.up()
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
+    # --- using it --------------------------------------------------------------------
+
+    @staticmethod
+    def endpoint_address(index: int) -> str:
+        return f"198.18.{index + 1}.2"
+
+    @staticmethod
+    def gateway_address(index: int) -> str:
+        return f"198.18.{index + 1}.1"
+
+    def exec_prefix(self, namespace: str) -> list[str]:
+        """``ip netns exec <namespace>``: put it before a command line."""
+        return ["ip", "netns", "exec", namespace]
+
+    def popen(self, namespace: str, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
+        """Start ``argv`` inside ``namespace``; it is stopped at tear-down if still running."""
+        process: subprocess.Popen[Any] = subprocess.Popen([*self.exec_prefix(namespace), *argv], **kwargs)
+        self._processes.append(process)
+        return process
+
+    def link_stats(self) -> list[dict[str, int]]:
+        """Per endpoint: bytes sent, packets dropped and overlimits of tbf, up and down."""
+        stats = []
+        for i, ns in enumerate(self.endpoint_ns):
+            up = _qdisc_stats(ns, "eth0")
+            down = _qdisc_stats(self.hub_ns, f"ep{i}")
+            stats.append(
+                {
+                    "up_bytes": up.get("bytes", 0),
+                    "up_drops": up.get("drops", 0),
+                    "up_overlimits": up.get("overlimits", 0),
+                    "down_bytes": down.get("bytes", 0),
+                    "down_drops": down.get("drops", 0),
+                    "down_overlimits": down.get("overlimits", 0),
+                }
+            )
+        return stats
+
+
+def _qdisc_stats(namespace: str, device: str) -> dict[str, int]:
+    out = _run(["tc", "-n", namespace, "-s", "-j", "qdisc", "show", "dev", device]).stdout
+    for qdisc in json.loads(out or "[]"):
+        if qdisc.get("kind") == "tbf":
+            return {k: int(v) for k, v in qdisc.items() if k in ("bytes", "drops", "overlimits")}
+    return {}
+
+
+# --- cleanup at exit and on signals ------------------------------------------------------
+
+_LIVE: list[Star] = []
+_CLEANUP_INSTALLED = False
+
+
+def _tear_down_all() -> None:
+    for star in list(_LIVE):
+        star.down()
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    # Unwind normally, so `with Star(...)` blocks and atexit both run.
+    raise SystemExit(128 + signum)
+
+
+def _install_cleanup() -> None:
+    """atexit always; SIGTERM and SIGHUP only where nobody else handles them."""
+    global _CLEANUP_INSTALLED
+    if _CLEANUP_INSTALLED:
+        return
+    _CLEANUP_INSTALLED = True
+    atexit.register(_tear_down_all)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError):  # not the main thread
+            if signal.getsignal(sig) in (signal.SIG_DFL, None):
+                signal.signal(sig, _on_signal)
