@@ -46,10 +46,13 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -350,3 +353,207 @@ def _install_cleanup() -> None:
         with contextlib.suppress(ValueError):  # not the main thread
             if signal.getsignal(sig) in (signal.SIG_DFL, None):
                 signal.signal(sig, _on_signal)
+
+
+# --- a CCO cluster on a star ---------------------------------------------------------------
+
+RENDEZVOUS_PORT = 4433
+AGGREGATOR_PORT = 4500
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CcoSettings:
+    """Node options for a cluster; None leaves an option at the node's own default."""
+
+    max_datagram_size: int | None = None
+    chunk_elements: int | None = None
+    window: int | None = None
+    operation_timeout_ms: int | None = None
+    log_level: str = "info"
+
+    def rendezvous_args(self) -> list[str]:
+        args = _flag("chunk-elements", self.chunk_elements) + _flag("window", self.window)
+        return args + _flag("operation-timeout-ms", self.operation_timeout_ms)
+
+    def common_args(self) -> list[str]:
+        return [*_flag("max-datagram-size", self.max_datagram_size), "--log-level", self.log_level]
+
+
+def _flag(name: str, value: int | None) -> list[str]:
+    return [] if value is None else [f"--{name}", str(value)]
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointRun:
+    """What the endpoints of one run reported: per rank, the workload's result file."""
+
+    reports: list[dict[str, Any]]
+    wall_seconds: float
+
+    def round_seconds(self) -> list[float]:
+        """Each round's time on the slowest rank."""
+        rounds = len(self.reports[0]["rounds"])
+        return [max(r["rounds"][i]["seconds"] for r in self.reports) for i in range(rounds)]
+
+    def bit_identical(self) -> bool:
+        rounds = len(self.reports[0]["rounds"])
+        return all(len({r["rounds"][i]["sha256"] for r in self.reports}) == 1 for i in range(rounds))
+
+
+class CcoCluster:
+    """Real ``cco-node`` processes on a star (or on loopback when ``star`` is None).
+
+    The rendezvous and one aggregator run in the hub, listening on
+    :data:`HUB_ADDRESS`; endpoint i runs in namespace i and reaches them over its own
+    shaped link.  Credentials come from ``cco-node certs``.  :meth:`run` starts a fresh
+    group of endpoints (a new group id each time) and returns what they reported;
+    :meth:`close` stops the hub's services and returns the aggregator's peak RSS and
+    CPU seconds, read from /proc just before it is told to stop.
+    """
+
+    def __init__(self, star: Star | None, workdir: Path, endpoints: int, settings: CcoSettings) -> None:
+        self.star = star
+        self.workdir = workdir
+        self.endpoints = endpoints
+        self.settings = settings
+        self.host = HUB_ADDRESS if star is not None else "127.0.0.1"
+        self.pki = workdir / "pki"
+        self._services: list[tuple[str, subprocess.Popen[Any]]] = []
+        self._runs = 0
+
+    def _spawn(self, namespace: str | None, name: str, args: list[str]) -> subprocess.Popen[Any]:
+        argv = [sys.executable, "-m", "cco.cli", *args]
+        log = open(self.workdir / f"{name}.log", "w")  # noqa: SIM115 - the child owns it
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        kwargs: dict[str, Any] = {"stdout": log, "stderr": subprocess.STDOUT, "env": env}
+        try:
+            if self.star is not None and namespace is not None:
+                return self.star.popen(namespace, argv, **kwargs)
+            return subprocess.Popen(argv, **kwargs)
+        finally:
+            log.close()
+
+    def log(self, name: str) -> str:
+        path = self.workdir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def tail(self, name: str, lines: int = 4) -> str:
+        return " | ".join(self.log(name).strip().splitlines()[-lines:]) or "(no output)"
+
+    def start(self, timeout: float = 60.0) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        nodes = ["rendezvous:rendezvous", "agg-0:aggregator"]
+        nodes += [f"ep-{i}:endpoint" for i in range(self.endpoints)]
+        _run([sys.executable, "-m", "cco.cli", "certs", "--dir", str(self.pki), *nodes])
+        hub = self.star.hub_ns if self.star is not None else None
+        common = ["--pki-dir", str(self.pki), *self.settings.common_args()]
+        rendezvous = f"{self.host}:{RENDEZVOUS_PORT if hub else _free_port()}"
+        listen = f"{self.host}:{AGGREGATOR_PORT if hub else _free_port()}"
+        rendezvous_args = ["--role", "rendezvous", "--node-id", "rendezvous", "--listen", rendezvous]
+        self._services.append(
+            (
+                "rendezvous",
+                self._spawn(hub, "rendezvous", [*rendezvous_args, *common, *self.settings.rendezvous_args()]),
+            )
+        )
+        self._wait_listening("rendezvous", timeout)
+        self.rendezvous = rendezvous
+        aggregator_args = ["--role", "aggregator", "--node-id", "agg-0", "--listen", listen]
+        aggregator_args += ["--rendezvous", rendezvous, "--max-fan-in", str(self.endpoints)]
+        self._services.append(("agg-0", self._spawn(hub, "agg-0", [*aggregator_args, *common])))
+        self._wait_listening("agg-0", timeout)
+
+    def _wait_listening(self, name: str, timeout: float) -> None:
+        process = dict(self._services)[name]
+        deadline = time.monotonic() + timeout
+        while "listening" not in self.log(name):
+            if process.poll() is not None:
+                raise NetnsError(f"{name} exited with {process.returncode}: {self.tail(name)}")
+            if time.monotonic() > deadline:
+                raise NetnsError(f"{name} did not start listening within {timeout} s: {self.tail(name)}")
+            time.sleep(0.05)
+
+    def run(self, elements: int, rounds: int, timeout: float) -> EndpointRun:
+        """One group of endpoints doing ``rounds`` verified float32 all-reduces.
+
+        Raises NetnsError naming every endpoint that failed or did not finish in
+        ``timeout`` seconds, with the end of its log.
+        """
+        self._runs += 1
+        group_id = os.urandom(16).hex()
+        started = time.perf_counter()
+        processes = []
+        for i in range(self.endpoints):
+            name = f"run{self._runs}-ep-{i}"
+            args = ["--role", "endpoint", "--node-id", f"ep-{i}", "--pki-dir", str(self.pki)]
+            args += ["--rendezvous", self.rendezvous, "--group-id", group_id, "--rank", str(i)]
+            args += ["--world-size", str(self.endpoints), "--workload", "allreduce"]
+            args += ["--rounds", str(rounds), "--elements", str(elements)]
+            args += ["--results", str(self.workdir / f"{name}.json"), *self.settings.common_args()]
+            namespace = self.star.endpoint_ns[i] if self.star is not None else None
+            processes.append((name, self._spawn(namespace, name, args)))
+        deadline = started + timeout
+        failed = []
+        for name, process in processes:
+            try:
+                code = process.wait(max(0.1, deadline - time.perf_counter()))
+            except subprocess.TimeoutExpired:
+                failed.append(f"{name} did not finish within {timeout:.0f} s: {self.tail(name)}")
+                continue
+            if code != 0:
+                failed.append(f"{name} exited with {code}: {self.tail(name)}")
+        wall = time.perf_counter() - started
+        for _, process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        if failed:
+            raise NetnsError("; ".join(failed))
+        reports = [json.loads((self.workdir / f"{name}.json").read_text()) for name, _ in processes]
+        return EndpointRun(reports=reports, wall_seconds=wall)
+
+    def aggregator_usage(self) -> dict[str, float]:
+        """The aggregator's peak RSS (bytes) and CPU seconds so far, from /proc."""
+        process = dict(self._services)["agg-0"]
+        return _proc_usage(process.pid)
+
+    def close(self) -> dict[str, float]:
+        """Stop the services (SIGTERM, then SIGKILL after 5 s); the aggregator's usage."""
+        usage: dict[str, float] = {}
+        with contextlib.suppress(OSError, KeyError, ValueError):
+            usage = self.aggregator_usage()
+        for _, process in self._services:
+            if process.poll() is None:
+                process.terminate()
+        for _, process in self._services:
+            try:
+                process.wait(5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self._services.clear()
+        return usage
+
+    def __enter__(self) -> CcoCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _proc_usage(pid: int) -> dict[str, float]:
+    status = Path(f"/proc/{pid}/status").read_text()
+    hwm = next(line for line in status.splitlines() if line.startswith("VmHWM:"))
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return {
+        "peak_rss_bytes": float(int(hwm.split()[1]) * 1024),
+        "cpu_seconds": (int(fields[11]) + int(fields[12])) / ticks,  # utime, stime
+    }
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
