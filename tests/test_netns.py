@@ -18,7 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-import netns  # noqa: E402 - benchmarks/ is not a package
+import netns  # benchmarks/ is not a package: found through the path set above
 
 REASON = netns.unavailable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"namespace testbed unavailable: {REASON}")
