@@ -315,15 +315,6 @@ def _determinism_failures() -> list[Failure]:
             with_field("heartbeat-65536", (1,), NonShortest(65536, 8)),
         ),
         Failure(
-            "non-shortest-negative-int",
-            "contribution-reduce-root",
-            nd,
-            None,
-            "scale -16 is written with a one-byte argument (38 0f) instead of in the initial byte (2f).",
-            "rewrite scale (key 7) as 38 0f",
-            with_field("contribution-reduce-root", (7,), NonShortest(-16, 1)),
-        ),
-        Failure(
             "non-shortest-type",
             hb,
             nd,
@@ -710,6 +701,7 @@ def _invalid_field(
 
 def _range_failures() -> list[Failure]:
     c = "contribution-all-reduce-sum"
+    scaled = "contribution-reduce-root"
 
     f = _invalid_field
 
@@ -803,8 +795,46 @@ def _range_failures() -> list[Failure]:
             (6, 2),
             0,
         ),
-        f("scale-over", c, "scale is 2048 (range -2048..2047).", "set scale (key 7) to 2048", (7,), 2048),
-        f("scale-under", c, "scale is -2049 (range -2048..2047).", "set scale (key 7) to -2049", (7,), -2049),
+        f(
+            "block-elements-under",
+            scaled,
+            "block_elements is 15 (range 16..65536).",
+            "set block_elements (key 16) to 15",
+            (16,),
+            15,
+        ),
+        f(
+            "block-elements-over",
+            scaled,
+            "block_elements is 65537 (range 16..65536).",
+            "set block_elements (key 16) to 65537",
+            (16,),
+            65537,
+        ),
+        f(
+            "scales-empty",
+            scaled,
+            "scales is empty (2..131072 bytes: a block-scaled chunk has at least one block).",
+            "set scales (key 7) to h''",
+            (7,),
+            b"",
+        ),
+        f(
+            "block-elements-in-params-under",
+            "join-accept",
+            "params.block_elements is 15 (range 16..65536).",
+            "set params.block_elements (key 6, key 5) to 15",
+            (6, 5),
+            15,
+        ),
+        f(
+            "float-width-three",
+            "join-accept-bounds",
+            "params.float_width is 3: widths are 1, 2, 4 or 8.",
+            "set params.float_width (key 6, key 6) to 3",
+            (6, 6),
+            3,
+        ),
         f(
             "tag-equals-modulus",
             c,
@@ -1039,6 +1069,8 @@ def _rule_failures() -> list[Failure]:
     def root(name: str, base: str, description: str, mutation: str, body: RawValue) -> Failure:
         return Failure(name, base, invalid, False, description, mutation, with_body(base, body))
 
+    scaled = "contribution-reduce-root"
+    scaled_payload = base_value(scaled)[1][13]
     reduce_body = base_value("contribution-reduce-root")[1]
     del reduce_body[15]
     broadcast_body = base_value("broadcast-data")[1]
@@ -1163,6 +1195,76 @@ def _rule_failures() -> list[Failure]:
             "set chunk_index (key 10) to 1",
             with_field("contribution-barrier", (10,), 1),
         ),
+        f(
+            "scales-on-integer-sum",
+            c,
+            "An int32 SUM chunk (form VALUES) with scales (key 7): only block-scaled chunks carry them.",
+            "add scales (key 7) = h'0000'",
+            (7,),
+            b"\x00\x00",
+        ),
+        f(
+            "block-elements-on-integer-sum",
+            c,
+            "An int32 SUM chunk (form VALUES) with block_elements (key 16).",
+            "add block_elements (key 16) = 16",
+            (16,),
+            16,
+        ),
+        Failure(
+            "scales-on-ordered-max",
+            "result-max-float32-ordered",
+            invalid,
+            True,
+            "A float32 MAX chunk (form ORDERED) with scales and block_elements for its one block.",
+            "add scales (key 7) = h'0000' and block_elements (key 16) = 16",
+            with_body(
+                "result-max-float32-ordered",
+                {**base_value("result-max-float32-ordered")[1], 7: b"\x00\x00", 16: 16},
+            ),
+        ),
+        Failure(
+            "scales-absent-block-scaled",
+            scaled,
+            invalid,
+            True,
+            "A float32 AVG chunk (form BLOCK_SCALED) without scales (key 7).",
+            "remove scales (key 7)",
+            without_field(scaled, (7,)),
+        ),
+        Failure(
+            "block-elements-absent-block-scaled",
+            scaled,
+            invalid,
+            True,
+            "A float32 AVG chunk (form BLOCK_SCALED) without block_elements (key 16).",
+            "remove block_elements (key 16)",
+            without_field(scaled, (16,)),
+        ),
+        f(
+            "scales-length-wrong",
+            scaled,
+            "scales has 4 bytes, but 3 elements in blocks of 16 make one block: 2 bytes.",
+            "set scales (key 7) to h'f0fff0ff'",
+            (7,),
+            b"\xf0\xff\xf0\xff",
+        ),
+        f(
+            "scales-length-odd",
+            scaled,
+            "scales has 3 bytes: two per block.",
+            "set scales (key 7) to h'f0ff00'",
+            (7,),
+            b"\xf0\xff\x00",
+        ),
+        f(
+            "attestations-missing",
+            scaled,
+            "payload has 12 bytes: 3 elements and 1 attestation of width 4 need 16.",
+            "drop the last 4 bytes of payload (key 13)",
+            (13,),
+            scaled_payload[:-4],
+        ),
         root(
             "root-absent-reduce",
             "contribution-reduce-root",
@@ -1252,9 +1354,9 @@ def _key_failures() -> list[Failure]:
             c,
             unknown,
             False,
-            "A contribution with key 16.",
-            "add 16 => 0 to the body",
-            with_field(c, (16,), 0),
+            "A contribution with key 17 (the largest chunk key is 16).",
+            "add 17 => 0 to the body",
+            with_field(c, (17,), 0),
         ),
         Failure(
             "unknown-key-zero",

@@ -51,7 +51,6 @@ def _contribution(elements: int) -> Message:
         kind=Collective.ALL_REDUCE,
         op=ReduceOp.SUM,
         dtype=DType.INT8,
-        scale=0,
         total_elements=elements,
         chunk_elements=max(1, elements),
         chunk_index=0,

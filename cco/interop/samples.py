@@ -19,7 +19,9 @@ from cco.wire.errors import ErrorCode
 from cco.wire.fields import bitmap_from_ranks
 from cco.wire.messages import (
     MAC_MODULUS,
+    MAX_BLOCK_ELEMENTS,
     MAX_CHUNK_ELEMENTS,
+    MIN_BLOCK_ELEMENTS,
     Abort,
     Address,
     AggregatorAccept,
@@ -122,13 +124,24 @@ MAXIMAL_CAPABILITIES = Capabilities(
     extensions=tuple(range(U32_MAX - 63, U32_MAX + 1)),
 )
 
-PARAMS = GroupParams(chunk_elements=4096, window=8, heartbeat_interval_ms=1000, operation_timeout_ms=30_000)
-MIN_PARAMS = GroupParams(chunk_elements=1, window=1, heartbeat_interval_ms=10, operation_timeout_ms=10)
+PARAMS = GroupParams(
+    chunk_elements=4096, window=8, heartbeat_interval_ms=1000, operation_timeout_ms=30_000, block_elements=256
+)
+MIN_PARAMS = GroupParams(
+    chunk_elements=1,
+    window=1,
+    heartbeat_interval_ms=10,
+    operation_timeout_ms=10,
+    block_elements=MIN_BLOCK_ELEMENTS,
+    float_width=1,
+)
 MAX_PARAMS = GroupParams(
     chunk_elements=MAX_CHUNK_ELEMENTS,
     window=4096,
     heartbeat_interval_ms=600_000,
     operation_timeout_ms=86_400_000,
+    block_elements=MAX_BLOCK_ELEMENTS,
+    float_width=8,
 )
 
 # 255 UTF-8 bytes: 85 three-byte characters (U+20AC EURO SIGN).
@@ -154,13 +167,17 @@ def _chunk(
     chunk_index: int,
     contributors: Sequence[int],
     width: int,
-    scale: int = 0,
+    scales: Sequence[int] | None = None,
+    block_elements: int | None = None,
     tagged: bool = True,
     root: int | None = None,
     epoch: int = 3,
     op_id: int = 7,
 ) -> ChunkMessage:
-    assert len(elements) == chunk_length(total_elements, chunk_elements, chunk_index)
+    n = chunk_length(total_elements, chunk_elements, chunk_index)
+    blocks = 0 if block_elements is None else -(-n // block_elements)
+    assert len(elements) == n + blocks, "a block-scaled chunk's elements end with one attestation per block"
+    assert (scales is None) == (block_elements is None) and len(scales or ()) == blocks
     return cls(
         group_id=group_id("training"),
         epoch=epoch,
@@ -168,7 +185,7 @@ def _chunk(
         kind=kind,
         op=op,
         dtype=dtype,
-        scale=scale,
+        scales=None if scales is None else pack(scales, 2),
         total_elements=total_elements,
         chunk_elements=chunk_elements,
         chunk_index=chunk_index,
@@ -177,6 +194,7 @@ def _chunk(
         payload=pack(elements, width),
         tag=tag(label) if tagged else None,
         root=root,
+        block_elements=block_elements,
     )
 
 
@@ -184,14 +202,14 @@ def _connection_samples() -> list[Sample]:
     return [
         Sample(
             "hello-endpoint",
-            "An endpoint's Hello offering version 1 and every registered dtype, op and collective.",
-            Hello(versions=(1,), role=Role.ENDPOINT, node_id="endpoint-0", capabilities=FULL_CAPABILITIES),
+            "An endpoint's Hello offering version 2 and every registered dtype, op and collective.",
+            Hello(versions=(2,), role=Role.ENDPOINT, node_id="endpoint-0", capabilities=FULL_CAPABILITIES),
         ),
         Sample(
             "hello-minimal",
             "Hello with empty capability lists and the smallest max_message_size (1024) and "
             "max_chunk_elements (1); a one-character node_id.",
-            Hello(versions=(1,), role=Role.AGGREGATOR, node_id="a", capabilities=MINIMAL_CAPABILITIES),
+            Hello(versions=(2,), role=Role.AGGREGATOR, node_id="a", capabilities=MINIMAL_CAPABILITIES),
         ),
         Sample(
             "hello-maximal",
@@ -207,8 +225,8 @@ def _connection_samples() -> list[Sample]:
         ),
         Sample(
             "hello-ack-rendezvous",
-            "The rendezvous accepts version 1.",
-            HelloAck(version=1, role=Role.RENDEZVOUS, node_id="rendezvous", capabilities=FULL_CAPABILITIES),
+            "The rendezvous accepts version 2.",
+            HelloAck(version=2, role=Role.RENDEZVOUS, node_id="rendezvous", capabilities=FULL_CAPABILITIES),
         ),
         Sample(
             "hello-ack-version-max",
@@ -479,20 +497,23 @@ def _chunk_samples() -> list[Sample]:
         ),
         Sample(
             "contribution-reduce-root",
-            "A REDUCE contribution: root (key 15) present; float32 carried as fixed point with scale -16.",
+            "A REDUCE contribution: root (key 15) present; float32 AVG is block-scaled: one block of "
+            "16 elements (key 16) with scale -16 (scales f0ff: int16, little-endian), width 4 (float32's "
+            "own), three element integers then the attestation 1.",
             _chunk(
                 Contribution,
                 "reduce",
                 kind=Collective.REDUCE,
                 op=ReduceOp.AVG,
                 dtype=DType.FLOAT32,
-                elements=[65536, -32768, 1],
+                elements=[65536, -32768, 1, 1],
                 total_elements=3,
                 chunk_elements=4096,
                 chunk_index=0,
                 contributors=[1],
                 width=4,
-                scale=-16,
+                scales=[-16],
+                block_elements=16,
                 root=2,
             ),
         ),
@@ -534,7 +555,7 @@ def _chunk_samples() -> list[Sample]:
         ),
         Sample(
             "contribution-bounds",
-            "Header fields at their bounds: epoch and op_id 2^64-1, scale 2047, total_elements 2^40 "
+            "Header fields at their bounds: epoch and op_id 2^64-1, total_elements 2^40 "
             "in chunks of 2^20-1, so the last chunk (index 2^20+1) holds one element; rank 2^16-1 "
             "contributing (an 8192-byte bitmap), tag p-1.",
             dataclasses.replace(
@@ -550,7 +571,6 @@ def _chunk_samples() -> list[Sample]:
                     chunk_index=MAX_CHUNK_ELEMENTS + 1,
                     contributors=[MAX_WORLD_SIZE - 1],
                     width=1,
-                    scale=2047,
                     epoch=U64_MAX,
                     op_id=U64_MAX,
                 ),
@@ -577,20 +597,23 @@ def _chunk_samples() -> list[Sample]:
         ),
         Sample(
             "partial-aggregate-reduce-scatter",
-            "A partial SUM aggregate of a reduce-scatter (unrooted), scale -2048.",
+            "A partial float64 SUM aggregate of a reduce-scatter (unrooted) from ranks 0 and 1: "
+            "block-scaled with the largest block_elements (2^16, so one block) and the smallest scale "
+            "(-32768); two element integers then the attestation sum 2, width 8.",
             _chunk(
                 PartialAggregate,
                 "rs",
                 kind=Collective.REDUCE_SCATTER,
                 op=ReduceOp.SUM,
                 dtype=DType.FLOAT64,
-                elements=[1 << 40, -(1 << 40)],
+                elements=[1 << 40, -(1 << 40), 2],
                 total_elements=6,
                 chunk_elements=2,
                 chunk_index=1,
                 contributors=[0, 1],
                 width=8,
-                scale=-2048,
+                scales=[-(1 << 15)],
+                block_elements=MAX_BLOCK_ELEMENTS,
             ),
         ),
         Sample(
@@ -608,6 +631,49 @@ def _chunk_samples() -> list[Sample]:
                 chunk_index=0,
                 contributors=range(100),
                 width=4,
+            ),
+        ),
+        Sample(
+            "result-block-scaled",
+            "The result of a 4-rank float32 SUM chunk of 40 elements in blocks of 16 (the smallest "
+            "block_elements): three blocks (16, 16, 8 elements) with scales 12, 32767 (a block of "
+            "zeros) and -3; width 2 (a narrower width than float32's, by request), 40 element "
+            "integers then the attestation sums 1, 4 and 2.",
+            _chunk(
+                Result,
+                "result-scaled",
+                kind=Collective.ALL_REDUCE,
+                op=ReduceOp.SUM,
+                dtype=DType.FLOAT32,
+                elements=[*(det_int(f"rs/{i}", 65535) - 32767 for i in range(16)), *[0] * 16]
+                + [det_int(f"rs/{i}", 20001) - 10000 for i in range(16, 24)]
+                + [1, 4, 2],
+                total_elements=40,
+                chunk_elements=40,
+                chunk_index=0,
+                contributors=range(4),
+                width=2,
+                scales=[12, (1 << 15) - 1, -3],
+                block_elements=MIN_BLOCK_ELEMENTS,
+            ),
+        ),
+        Sample(
+            "result-max-float32-ordered",
+            "The result of a float32 MAX: ordered keys of -inf, -0.0, the smallest subnormal and "
+            "+inf (a negative pattern has its 31 magnitude bits flipped); untagged, no scales, width 4.",
+            _chunk(
+                Result,
+                "max-ordered",
+                kind=Collective.ALL_REDUCE,
+                op=ReduceOp.MAX,
+                dtype=DType.FLOAT32,
+                elements=[-0x7F800001, -1, 1, 0x7F800000],
+                total_elements=4,
+                chunk_elements=4,
+                chunk_index=0,
+                contributors=range(3),
+                width=4,
+                tagged=False,
             ),
         ),
         Sample(
@@ -648,7 +714,8 @@ def _chunk_samples() -> list[Sample]:
         ),
         Sample(
             "broadcast-data",
-            "A broadcast chunk from root 0: kind BROADCAST, root present, tagged, scale -8.",
+            "A broadcast chunk from root 0: kind BROADCAST, root present, tagged; bfloat16 as 16-bit "
+            "patterns (form PATTERNS), so no scales.",
             _chunk(
                 BroadcastData,
                 "bcast",
@@ -661,7 +728,6 @@ def _chunk_samples() -> list[Sample]:
                 chunk_index=0,
                 contributors=[0],
                 width=2,
-                scale=-8,
                 root=0,
             ),
         ),
