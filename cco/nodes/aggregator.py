@@ -293,7 +293,7 @@ def fingerprint(message: ChunkMessage) -> bytes:
         int(message.kind),
         int(message.op),
         int(message.dtype),
-        message.scale,
+        message.scales,
         message.total_elements,
         message.chunk_elements,
         message.chunk_index,
@@ -301,6 +301,7 @@ def fingerprint(message: ChunkMessage) -> bytes:
         message.width,
         message.tag,
         message.root,
+        message.block_elements,
     )
     h.update(repr(header).encode())
     h.update(message.payload)

@@ -16,7 +16,12 @@ rendezvous names as its parent, and runs collectives over that tree:
 * every Result or BroadcastData chunk is verified (:func:`payload.open_verified`)
   against the ranks that must have contributed and against this rank's own
   contribution, then decoded straight into the result array and remembered by a
-  digest of its integers; the operation completes once every chunk is verified.
+  digest of its payload; the operation completes once every chunk is verified;
+* a float SUM or AVG is two operations on the wire (draft section "Block Scales"):
+  first the scale pass, a MIN all-reduce of this rank's proposed scale per block,
+  then the data, quantized with the agreed scales and carrying this rank's
+  attestations.  The caller sees one operation, the data's; the scale pass is
+  internal, and its failure is the data operation's.
 
 Besides the caller's array and the result, an operation holds a few chunks'
 worth of memory, whatever the tensor size.
@@ -28,6 +33,7 @@ when anyone knows them, the ranks that did not contribute.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -53,14 +59,12 @@ from cco.nodes.events import (
 )
 from cco.nodes.fsm import TransitionTable
 from cco.nodes.replies import clip, ranks_text, refuse
-from cco.wire import payload
+from cco.wire import blockscale, payload
 from cco.wire.codec import decode_positions, encode_range, positions, wire_length
 from cco.wire.dtypes import ELEMENT_TYPES
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap
-from cco.wire.fixedpoint import contribution_bound
 from cco.wire.messages import (
-    ELEMENT_WIDTHS,
     MAX_TOTAL_ELEMENTS,
     Abort,
     BroadcastData,
@@ -82,8 +86,8 @@ from cco.wire.messages import (
     chunk_count,
     chunk_length,
 )
-from cco.wire.ops import BIT_EXACT_KINDS, SUM_KINDS, check_operation
-from cco.wire.packing import unpack
+from cco.wire.ops import CONSISTENCY_OPS, SUM_KINDS, Form, check_operation, form
+from cco.wire.packing import WIDTHS
 from cco.wire.registries import Collective, DType, ReduceOp, Role
 
 # --- states and transition tables -------------------------------------------------
@@ -281,9 +285,14 @@ class CollectiveRequest:
     must not modify it before then, as with torch.distributed's asynchronous
     operations (a value changed to one that does not encode fails the operation);
     only an array that is not C-contiguous is copied, once, at start.
-    ``root`` names the root of REDUCE and BROADCAST.  ``scale``
-    overrides the fixed-point scale of float reductions (every rank must pass the
-    same one).  ``timeout`` is in seconds; None means the group's operation timeout
+    ``root`` names the root of REDUCE and BROADCAST.  ``width`` is the bits per
+    element on the wire of a float SUM or AVG (8, 16, 32 or 64; default: the
+    group's ``float_width``, else the dtype's own width; every rank must pass the
+    same one): narrower is exact, deterministic compression, each element of the
+    result within about c x M / Q of the exact sum, M being the largest magnitude in
+    its block of ``block_elements`` elements on any rank, c the contributors and
+    Q = (2^(width-1) - 1) / world_size (draft section "Block Scales").  ``timeout`` is
+    in seconds; None means the group's operation timeout
     plus one heartbeat interval, so that the tree's Abort, which names the missing
     ranks, normally arrives first.  ``dtype`` is needed only for BFLOAT16 (carried
     in float32 arrays); otherwise it follows ``array.dtype``.
@@ -293,7 +302,7 @@ class CollectiveRequest:
     op: ReduceOp = ReduceOp.SUM
     array: np.ndarray | None = None
     root: int | None = None
-    scale: int | None = None
+    width: int | None = None
     timeout: float | None = None
     dtype: DType | None = None
 
@@ -332,12 +341,27 @@ _NUMPY_DTYPES: dict[np.dtype[np.generic], DType] = {
 
 
 @dataclass(slots=True)
+class _Scaling:
+    """What a block-scaled operation needs besides its input."""
+
+    width: int  # bytes per integer, fixed for the operation
+    block_elements: int
+    limit: int  # the sum limit Q
+    proposals: np.ndarray  # this rank's proposed scale per block (int16)
+    agreed: np.ndarray | None = None  # the scale pass's result, once verified
+
+    def blocks(self, chunk_elements: int, index: int, elements: int) -> slice:
+        """The blocks of chunk ``index`` (of ``elements`` elements) in the tensor's list."""
+        first = index * blockscale.block_count(chunk_elements, self.block_elements)
+        return slice(first, first + blockscale.block_count(elements, self.block_elements))
+
+
+@dataclass(slots=True)
 class _Operation:
     op_id: int
     kind: Collective
     op: ReduceOp
     dtype: DType
-    scale: int
     root: int | None
     total: int  # wire integers
     shape: tuple[int, ...] | None  # the caller's array shape, when known
@@ -355,12 +379,15 @@ class _Operation:
     result: np.ndarray | None = None  # flat, in the caller's dtype; verified chunks decode into it
     decode_error: CcoError | None = None  # the first chunk that did not decode (see _decode)
     members: frozenset[int] = frozenset()
+    scaling: _Scaling | None = None  # block-scaled data operations only
+    feeds: int | None = None  # a scale pass: the op_id of the data operation it agrees scales for
 
 
-def _digest(values: np.ndarray) -> bytes:
-    """A chunk's integers, taken as int64 so that copies packed at different widths
-    compare equal, in 16 bytes: enough to tell a different copy apart."""
-    return hashlib.blake2b(np.ascontiguousarray(values, dtype=np.int64).data, digest_size=16).digest()
+def _digest(payload_bytes: bytes) -> bytes:
+    """A verified chunk's payload in 16 bytes: enough to tell a different copy apart.
+    Payload bytes are a unique encoding of the integers (smallest or fixed width), so
+    an identical copy has identical bytes."""
+    return hashlib.blake2b(payload_bytes, digest_size=16).digest()
 
 
 # --- the machine ------------------------------------------------------------------
@@ -445,21 +472,15 @@ class EndpointMachine:
         array = None if request.array is None else np.asarray(request.array)
         if array is not None and array.dtype != element.storage:
             raise CcoError(ErrorCode.INVALID_FIELD, f"{dtype.name} arrays are numpy {element.storage}")
-        if request.scale is not None:
-            scale = request.scale
-        elif (
-            element.is_float
-            and request.kind not in BIT_EXACT_KINDS
-            and request.kind is not Collective.BARRIER
-        ):
-            scale = payload.default_scale(dtype, self._world_size)
-        else:
-            scale = 0
-        check_operation(request.kind, op, dtype, scale, 0 if array is None else array.size)
+        check_operation(request.kind, op, dtype, 0 if array is None else array.size)
+        scaled = form(request.kind, op, dtype) is Form.BLOCK_SCALED
+        width = self._wire_width(request, dtype, op, scaled)
+        limit = blockscale.sum_limit(width, self._world_size) if scaled else 0
         sending = request.kind is not Collective.BROADCAST or root == self._rank
         shape = array.shape if array is not None else None
-        op_id = self._next_op_id
-        self._next_op_id += 1
+        scale_id = self._next_op_id if scaled else None
+        self._next_op_id += 1 if scale_id is None else 2
+        op_id = self._next_op_id - 1
         timeout = request.timeout if request.timeout is not None else self._default_timeout()
         source = self._source(array) if sending else None
         placed = self._placement(request.kind, dtype, source)
@@ -474,7 +495,6 @@ class EndpointMachine:
             kind=request.kind,
             op=op,
             dtype=dtype,
-            scale=scale,
             root=root,
             total=total,
             shape=shape,
@@ -486,22 +506,35 @@ class EndpointMachine:
         if total >= 0:
             self._size(operation, total)
         try:
-            self._check_encodes(operation)
+            if scaled:
+                operation.scaling = self._propose(operation, width, limit)
+            else:
+                self._check_encodes(operation)
         except CcoError as error:
-            return op_id, self._refuse_start(op_id, request.kind, error)
-        self._ops[op_id] = operation
+            first = scale_id if scale_id is not None else op_id
+            return op_id, self._refuse_start(first, op_id, request.kind, error)
         out: list[Command] = []
-        if not sending:
+        if operation.scaling is not None:
+            assert scale_id is not None
+            out += self._begin(self._scale_pass(scale_id, operation), now)
+        out += self._begin(operation, now)
+        if operation.state not in _FINISHED:
+            out += self._pump(now)
+        return op_id, out
+
+    def _begin(self, operation: _Operation, now: float) -> list[Command]:
+        """Register an operation and replay what arrived for it before it started."""
+        self._ops[operation.op_id] = operation
+        out: list[Command] = []
+        if operation.source is None:
             self._op_event(operation, ALL_SENT)
-        early = self._early.pop(op_id, [])
+        early = self._early.pop(operation.op_id, [])
         self._early_count -= len(early)
         for message in early:
             if operation.state in _FINISHED:
                 break
             out += self._on_op_message(operation, message, now)
-        if operation.state not in _FINISHED:
-            out += self._pump(now)
-        return op_id, out
+        return out
 
     def leave(self, now: float) -> list[Command]:
         """Leave the group: tell the rendezvous, fail what is in flight, close."""
@@ -778,7 +811,7 @@ class EndpointMachine:
                 op, BAD_CHUNK, error.code, f"chunk {index}: {error.detail}", None, tell_tree=True
             )
         op.epoch = message.epoch
-        op.verified[index] = _digest(values)
+        op.verified[index] = _digest(message.payload)
         self._decode(op, index, values)
         if index in op.outstanding:
             op.outstanding.discard(index)
@@ -803,10 +836,8 @@ class EndpointMachine:
         """A second copy of a verified chunk must carry the same integers (compared by
         digest: the verified integers themselves are not kept)."""
         self._check_header(op, message)
-        count = message.element_count
-        if message.width not in ELEMENT_WIDTHS or len(message.payload) != count * message.width:
-            raise CcoError(ErrorCode.INVALID_FIELD, "a copy's payload does not fit its header")
-        if _digest(unpack(message.payload, message.width)) != op.verified[message.chunk_index]:
+        payload.check_encoding(message)
+        if _digest(message.payload) != op.verified[message.chunk_index]:
             raise CcoError(
                 ErrorCode.DUPLICATE_CONTRIBUTION, f"a different copy of verified chunk {message.chunk_index}"
             )
@@ -815,12 +846,12 @@ class EndpointMachine:
         """The chunk's integers if it is the chunk this operation expects and it verifies."""
         self._check_header(op, message)
         assert self._keys is not None and self._rank is not None
+        expected = op.members
         if op.kind is Collective.BROADCAST:
             assert op.root is not None
             expected = frozenset({op.root})
-            own = None if op.source is None else (op.root, self._chunk_values(op, message.chunk_index))
-        else:
-            expected = op.members
+        own = None
+        if op.op in CONSISTENCY_OPS:
             own = (self._rank, self._chunk_values(op, message.chunk_index))
         return payload.open_verified(self._keys, message, expected, own)
 
@@ -848,7 +879,14 @@ class EndpointMachine:
         contributors = 1 if op.kind is Collective.BROADCAST else len(op.members)
         start = index * op.chunk_elements
         try:
-            decoded = decode_positions(values, op.dtype, op.kind, op.op, op.scale, contributors)
+            if op.scaling is not None:
+                assert op.scaling.agreed is not None
+                scales = op.scaling.agreed[op.scaling.blocks(op.chunk_elements, index, values.size)]
+                divisor = contributors if op.op is ReduceOp.AVG else 1
+                element = ELEMENT_TYPES[op.dtype]
+                decoded = blockscale.dequantize(values, scales, op.scaling.block_elements, divisor, element)
+            else:
+                decoded = decode_positions(values, op.dtype, op.kind, op.op, contributors)
         except CcoError as error:
             op.decode_error = CcoError(error.code, f"chunk {index}: {error.detail}")
             return
@@ -861,6 +899,12 @@ class EndpointMachine:
                 detail = f"decoding: {op.decode_error.detail}"
                 return self._finish_failed(op, BAD_CHUNK, op.decode_error.code, detail, None, tell_tree=False)
             assert op.result is not None
+            if op.feeds is not None:  # a scale pass: its result is the data operation's scales
+                self._release(op, LAST_CHUNK)
+                data = self._ops.get(op.feeds)
+                if data is not None and data.scaling is not None:
+                    data.scaling.agreed = op.result
+                return []
             result = self._shape_result(op, op.result)
         self._op_event(op, LAST_CHUNK)
         del self._ops[op.op_id]
@@ -910,6 +954,8 @@ class EndpointMachine:
     def _send_chunks(self, op: _Operation, parent: PeerId, window: int) -> list[Command]:
         """Send ``op``'s next chunks while the window has room."""
         out: list[Command] = []
+        if op.scaling is not None and op.scaling.agreed is None:
+            return []  # waiting for the scale pass
         while op.source is not None and op.next_chunk < op.chunks and self._outstanding < window:
             try:
                 message = self._seal(op, op.next_chunk)
@@ -933,25 +979,50 @@ class EndpointMachine:
         )
 
     def _header(self, op: _Operation, index: int, epoch: int) -> payload.ChunkHeader:
-        return payload.ChunkHeader(
+        header = payload.ChunkHeader(
             group_id=self.config.group_id,
             epoch=epoch,
             op_id=op.op_id,
             kind=op.kind,
             op=op.op,
             dtype=op.dtype,
-            scale=op.scale,
             total_elements=op.total,
             chunk_elements=op.chunk_elements,
             chunk_index=index,
             root=op.root,
         )
+        scaling = op.scaling
+        if scaling is None:
+            return header
+        if scaling.agreed is None:
+            raise CcoError(
+                ErrorCode.OPERATION_MISMATCH, f"chunk {index} of an operation whose scales are not agreed"
+            )
+        blocks = scaling.blocks(op.chunk_elements, index, header.element_count)
+        return dataclasses.replace(
+            header,
+            width=scaling.width,
+            block_elements=scaling.block_elements,
+            scales=scaling.agreed[blocks].astype("<i2").tobytes(),
+        )
 
     def _chunk_values(self, op: _Operation, index: int) -> np.ndarray:
         """This rank's wire integers of chunk ``index``, encoded from its input now;
-        zeros at the positions its input does not cover (ALL_GATHER)."""
+        zeros at the positions its input does not cover (ALL_GATHER); for a
+        block-scaled chunk, quantized with the agreed scales and followed by this
+        rank's attestations."""
         start = index * op.chunk_elements
         stop = start + chunk_length(op.total, op.chunk_elements, index)
+        if op.scaling is not None:
+            scaling = op.scaling
+            assert op.source is not None and scaling.agreed is not None
+            blocks = scaling.blocks(op.chunk_elements, index, stop - start)
+            scales = scaling.agreed[blocks]
+            element = ELEMENT_TYPES[op.dtype]
+            data = blockscale.quantize(
+                op.source[start:stop], element, scales, scaling.block_elements, scaling.limit, first=start
+            )
+            return np.concatenate([data, blockscale.attestations(scaling.proposals[blocks], scales)])
         first, last = max(start, op.placed.start), min(stop, op.placed.stop)
         if (first, last) == (start, stop):
             return self._encode(op, start - op.placed.start, stop - op.placed.start)
@@ -965,8 +1036,60 @@ class EndpointMachine:
     def _encode(self, op: _Operation, start: int, stop: int) -> np.ndarray:
         """Wire integers [start, stop) of this rank's input, counted from its first."""
         assert op.source is not None
-        bound = contribution_bound(self._world_size)
-        return encode_range(op.source, ELEMENT_TYPES[op.dtype], op.kind, op.scale, bound, start, stop)
+        return encode_range(op.source, ELEMENT_TYPES[op.dtype], op.kind, op.op, self._world_size, start, stop)
+
+    def _wire_width(self, request: CollectiveRequest, dtype: DType, op: ReduceOp, scaled: bool) -> int:
+        """Bytes per integer of a block-scaled operation (0 for the other forms)."""
+        if request.width is not None:
+            if not scaled:
+                raise CcoError(
+                    ErrorCode.INVALID_FIELD,
+                    f"width applies to float SUM and AVG reductions, not {dtype.name} {op.name} "
+                    f"in {request.kind.name}",
+                )
+            if request.width not in tuple(8 * w for w in WIDTHS):
+                raise CcoError(ErrorCode.INVALID_FIELD, f"width {request.width} is not 8, 16, 32 or 64 bits")
+            return request.width // 8
+        if not scaled:
+            return 0
+        assert self._params is not None
+        if self._params.float_width is not None:
+            return self._params.float_width
+        return ELEMENT_TYPES[dtype].bits // 8
+
+    def _propose(self, op: _Operation, width: int, limit: int) -> _Scaling:
+        """This rank's proposed scale for every block, chunk by chunk (OVERFLOW for a
+        value that is not finite, before anything is sent)."""
+        assert op.source is not None and self._params is not None
+        block = self._params.block_elements
+        element = ELEMENT_TYPES[op.dtype]
+        parts = [np.zeros(0, dtype=np.int16)]
+        for index in range(op.chunks):
+            start = index * op.chunk_elements
+            stop = start + chunk_length(op.total, op.chunk_elements, index)
+            parts.append(blockscale.propose(op.source[start:stop], element, block, limit, first=start))
+        return _Scaling(width=width, block_elements=block, limit=limit, proposals=np.concatenate(parts))
+
+    def _scale_pass(self, op_id: int, data: _Operation) -> _Operation:
+        """The MIN all-reduce of this rank's proposals that agrees ``data``'s scales."""
+        assert data.scaling is not None
+        proposals = data.scaling.proposals
+        scale_pass = _Operation(
+            op_id=op_id,
+            kind=Collective.ALL_REDUCE,
+            op=ReduceOp.MIN,
+            dtype=DType.INT16,
+            root=None,
+            total=len(proposals),
+            shape=proposals.shape,
+            source=proposals,
+            placed=range(len(proposals)),
+            deadline=data.deadline,
+            timeout=data.timeout,
+            feeds=data.op_id,
+        )
+        self._size(scale_pass, len(proposals))
+        return scale_pass
 
     def _source(self, array: np.ndarray | None) -> np.ndarray:
         """What an operation keeps of this rank's input: the array itself, flattened (a
@@ -1004,16 +1127,17 @@ class EndpointMachine:
 
     # --- failures ---------------------------------------------------------------
 
-    def _refuse_start(self, op_id: int, kind: Collective, error: CcoError) -> list[Command]:
+    def _refuse_start(self, first: int, op_id: int, kind: Collective, error: CcoError) -> list[Command]:
         """An operation whose input cannot be encoded: fail it, and tell the tree so
-        the other ranks fail at once instead of waiting for this rank."""
+        the other ranks fail at once instead of waiting for this rank.  The Abort names
+        ``first``, the first wire operation of the call (its scale pass, if any)."""
         assert self._rank is not None
         out: list[Command] = []
         if self._state is SessionState.READY and self._parent is not None:
             abort = Abort(
                 group_id=self.config.group_id,
                 epoch=self._epoch,
-                op_id=op_id,
+                op_id=first,
                 code=error.code,
                 detail=clip(f"rank {self._rank}: {error.detail}"),
                 missing=bitmap_from_ranks([self._rank]),
@@ -1048,11 +1172,13 @@ class EndpointMachine:
         *,
         tell_tree: bool,
     ) -> list[Command]:
-        """Fail one operation; release its window share; optionally tell the tree."""
-        self._op_event(op, event)
-        self._ops.pop(op.op_id, None)
-        self._outstanding -= len(op.outstanding)
-        op.outstanding.clear()
+        """Fail one operation; release its window share; optionally tell the tree.
+
+        A scale pass fails the data operation it feeds (which is what the caller
+        sees); a data operation takes its unfinished scale pass with it."""
+        if self._ops.get(op.op_id) is not op:
+            return []  # already ended, with its scale pass or its data operation
+        self._release(op, event)
         out: list[Command] = []
         if tell_tree and self._parent_up and self._parent is not None and op.epoch is not None:
             abort = Abort(
@@ -1064,8 +1190,25 @@ class EndpointMachine:
                 missing=bitmap_from_ranks(missing) if missing else None,
             )
             out.append(SendMessage(self._parent, abort))
+        if op.feeds is not None:
+            data = self._ops.get(op.feeds)
+            if data is None:
+                return out
+            return out + self._finish_failed(
+                data, event, code, f"scale pass: {detail}", missing, tell_tree=False
+            )
+        scale_pass = self._ops.get(op.op_id - 1)
+        if scale_pass is not None and scale_pass.feeds == op.op_id:
+            self._release(scale_pass, LOST)
         out.append(OperationFailed(op.op_id, self._error(op, code, detail, missing)))
         return out
+
+    def _release(self, op: _Operation, event: str) -> None:
+        """End ``op`` here: forget it and give its outstanding chunks back to the window."""
+        self._op_event(op, event)
+        del self._ops[op.op_id]
+        self._outstanding -= len(op.outstanding)
+        op.outstanding.clear()
 
     def _fail_all(self, code: ErrorCode, detail: str, missing: frozenset[int] | None) -> list[Command]:
         """Fail every operation in flight (the tree they used is gone) and forget early data."""

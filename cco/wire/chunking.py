@@ -18,9 +18,7 @@ import numpy as np
 from cco.wire.codec import decode_positions, encode_range, positions, wire_length
 from cco.wire.dtypes import element_type, require_storage
 from cco.wire.errors import CcoError, ErrorCode
-from cco.wire.fixedpoint import contribution_bound
 from cco.wire.messages import chunk_count, chunk_length
-from cco.wire.ops import check_scale
 from cco.wire.registries import Collective, DType, ReduceOp
 
 
@@ -28,21 +26,19 @@ def wire_chunks(
     array: np.ndarray,
     dtype: DType,
     kind: Collective,
-    scale: int,
+    op: ReduceOp,
     world_size: int,
     chunk_elements: int,
 ) -> Iterator[np.ndarray]:
-    """The int64 wire integers of each chunk of ``array`` in chunk order, encoded lazily."""
-    check_scale(kind, dtype, scale)
+    """The int64 wire integers of each chunk of ``array`` in chunk order, encoded
+    lazily (every form but block scaling, whose chunks also need agreed scales)."""
     element = element_type(dtype)
     flat = require_storage(array, element)
-    bound = contribution_bound(world_size)
     total = wire_length(dtype, kind, len(flat))
     for index in range(chunk_count(total, chunk_elements)):
         start = index * chunk_elements
-        yield encode_range(
-            flat, element, kind, scale, bound, start, start + chunk_length(total, chunk_elements, index)
-        )
+        stop = start + chunk_length(total, chunk_elements, index)
+        yield encode_range(flat, element, kind, op, world_size, start, stop)
 
 
 class Reassembler:
@@ -57,15 +53,12 @@ class Reassembler:
         dtype: DType,
         kind: Collective,
         op: ReduceOp,
-        scale: int,
         shape: tuple[int, ...],
         chunk_elements: int,
     ) -> None:
-        check_scale(kind, dtype, scale)
         self.dtype = dtype
         self.kind = kind
         self.op = op
-        self.scale = scale
         self.shape = shape
         self.chunk_elements = chunk_elements
         self._out = np.zeros(int(np.prod(shape, dtype=np.int64)), dtype=element_type(dtype).storage)
@@ -83,7 +76,7 @@ class Reassembler:
             )
         start = chunk_index * self.chunk_elements
         target = positions(self._out, self.dtype, self.kind)[start : start + expected]
-        decoded = decode_positions(values, self.dtype, self.kind, self.op, self.scale, contributor_count)
+        decoded = decode_positions(values, self.dtype, self.kind, self.op, contributor_count)
         if self._received[chunk_index]:
             if target.tobytes() != decoded.tobytes():
                 raise CcoError(

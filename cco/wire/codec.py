@@ -1,15 +1,21 @@
-"""Application tensors to wire integers and back.
+"""Application tensors to wire integers and back, for every form but block scaling.
 
-Reductions (ALL_REDUCE, REDUCE, REDUCE_SCATTER) carry integers as they are and
-floats in fixed point at the header's scale (:mod:`cco.wire.fixedpoint`).
-BROADCAST and ALL_GATHER only move data, so they carry every type bit-exactly: one
-wire integer per element holding the element's bit pattern as a signed integer of
-the same width, except 64-bit types, whose patterns exceed the range bound and so
-travel as two wire integers, the low then the high 32-bit half.  ``total_elements``
-in a chunk header always counts wire integers (:func:`wire_length`).
+A chunk's :class:`~cco.wire.ops.Form` follows from its kind, op and dtype:
 
-The functions work on any slice of wire positions, so a sender can encode and a
-receiver decode one chunk at a time (:mod:`cco.wire.chunking`).
+* VALUES: integers in reductions are carried as they are;
+* ORDERED: floats under MIN and MAX are carried as order-preserving keys of their
+  bit patterns (:func:`~cco.wire.dtypes.ordered_keys`), so the integer minimum or
+  maximum is exactly the float one;
+* PATTERNS: BROADCAST and ALL_GATHER only move data, so every type travels as its
+  bit pattern, one wire integer per element, except 64-bit types, whose patterns
+  exceed the range bound and so travel as two wire integers, the low then the high
+  32-bit half;
+* BLOCK_SCALED: floats under SUM and AVG (:mod:`cco.wire.blockscale`, which needs
+  the agreed scales of each block).
+
+``total_elements`` in a chunk header always counts element positions
+(:func:`wire_length`).  The functions work on any slice of positions, so a sender
+can encode and a receiver decode one chunk at a time.
 """
 
 from __future__ import annotations
@@ -21,39 +27,58 @@ from cco.wire.dtypes import (
     bfloat16_from_patterns,
     bfloat16_patterns,
     element_type,
+    from_ordered_keys,
+    ordered_keys,
     require_storage,
-    round_to_bfloat16,
 )
 from cco.wire.errors import CcoError, ErrorCode
-from cco.wire.fixedpoint import contribution_bound, from_fixed, to_fixed
-from cco.wire.ops import BIT_EXACT_KINDS, check_scale
+from cco.wire.ops import OPS, Form, form
+from cco.wire.packing import contribution_bound, fits_width
 from cco.wire.registries import Collective, DType, ReduceOp
 
 
-def is_bit_exact(kind: Collective) -> bool:
-    return kind in BIT_EXACT_KINDS
-
-
 def wire_length(dtype: DType, kind: Collective, elements: int) -> int:
-    """Wire integers that carry ``elements`` application elements."""
-    return elements * element_type(dtype).patterns_per_element if is_bit_exact(kind) else elements
+    """Element positions (wire integers besides attestations) that carry ``elements``
+    application elements."""
+    if form(kind, ReduceOp.SUM, dtype) is Form.PATTERNS:
+        return elements * element_type(dtype).patterns_per_element
+    return elements
+
+
+def _unscaled(kind: Collective, op: ReduceOp, dtype: DType) -> Form:
+    chosen = form(kind, op, dtype)
+    if chosen is Form.BLOCK_SCALED:
+        raise CcoError(ErrorCode.INTERNAL_ERROR, f"{dtype.name} {op.name} is block-scaled: use blockscale")
+    return chosen
 
 
 def encode_range(
-    flat: np.ndarray, element: ElementType, kind: Collective, scale: int, bound: int, start: int, stop: int
+    flat: np.ndarray,
+    element: ElementType,
+    kind: Collective,
+    op: ReduceOp,
+    world_size: int,
+    start: int,
+    stop: int,
 ) -> np.ndarray:
-    """Wire integers at positions [start, stop) of the flat tensor ``flat``, as int64."""
-    if is_bit_exact(kind):
+    """Wire integers at positions [start, stop) of the flat tensor ``flat``, as int64.
+
+    OVERFLOW for a value the form cannot carry: NaN under MIN or MAX, or, in a tagged
+    integer reduction, an integer beyond floor(B / world_size)."""
+    chosen = _unscaled(kind, op, element.code)
+    if chosen is Form.PATTERNS:
         if element.code is DType.BFLOAT16:
             return bfloat16_patterns(flat[start:stop]).astype(np.int64)
         return flat.view(element.pattern)[start:stop].astype(np.int64)
     part = flat[start:stop]
-    if element.is_float:
-        if element.code is DType.BFLOAT16:
-            part = round_to_bfloat16(part)
-        return to_fixed(part, scale, bound, first=start)
+    if chosen is Form.ORDERED:
+        try:
+            return ordered_keys(part, element)
+        except CcoError as error:
+            raise CcoError(error.code, f"{error.detail} (counted from element {start})") from None
     wide = part.astype(np.int64)
-    if len(wide) and max(-int(wide.min()), int(wide.max())) > bound:
+    bound = contribution_bound(world_size)
+    if OPS[op].verifiable and len(wide) and max(-int(wide.min()), int(wide.max())) > bound:
         bad = int(np.argmax(np.abs(wide)))
         raise CcoError(
             ErrorCode.OVERFLOW,
@@ -63,23 +88,16 @@ def encode_range(
 
 
 def encode_values(
-    array: np.ndarray, dtype: DType, kind: Collective, scale: int, world_size: int
+    array: np.ndarray, dtype: DType, kind: Collective, op: ReduceOp, world_size: int
 ) -> np.ndarray:
     """The whole tensor (any shape, flattened in C order) as int64 wire integers."""
-    check_scale(kind, dtype, scale)
     element = element_type(dtype)
     flat = require_storage(array, element)
-    bound = contribution_bound(world_size)
-    return encode_range(flat, element, kind, scale, bound, 0, wire_length(dtype, kind, len(flat)))
-
-
-def _fits(values: np.ndarray, bits: int) -> bool:
-    """True when every value is a signed integer of ``bits`` bits."""
-    return -(1 << (bits - 1)) <= int(values.min()) and int(values.max()) < 1 << (bits - 1)
+    return encode_range(flat, element, kind, op, world_size, 0, wire_length(dtype, kind, len(flat)))
 
 
 def _checked_patterns(values: np.ndarray, pattern: np.dtype[np.signedinteger]) -> np.ndarray:
-    if len(values) and not _fits(values, 8 * pattern.itemsize):
+    if len(values) and not fits_width(int(values.min()), int(values.max()), pattern.itemsize):
         raise CcoError(ErrorCode.OVERFLOW, f"a bit pattern does not fit {pattern}: slices overlapped")
     return values.astype(pattern)
 
@@ -93,28 +111,28 @@ def _round_half_even_div(values: np.ndarray, divisor: int) -> np.ndarray:
 
 
 def decode_values(
-    values: np.ndarray, dtype: DType, kind: Collective, op: ReduceOp, scale: int, contributor_count: int
+    values: np.ndarray, dtype: DType, kind: Collective, op: ReduceOp, contributor_count: int
 ) -> np.ndarray:
     """Wire integers (a whole tensor, or any slice of whole elements) back to the
-    application's dtype.  AVG divides by ``contributor_count``: exactly, rounding half
-    to even, for integer types.  OVERFLOW if a result does not fit the type."""
+    application's dtype.  AVG divides by ``contributor_count``, exactly, rounding half
+    to even.  OVERFLOW if a result does not fit the type."""
     element = element_type(dtype)
     values = np.asarray(values, dtype=np.int64)
-    if is_bit_exact(kind):
+    chosen = _unscaled(kind, op, dtype)
+    if chosen is Form.PATTERNS:
         if len(values) % element.patterns_per_element:
             raise CcoError(ErrorCode.INVALID_FIELD, f"{dtype.name} takes two wire integers per element")
         patterns = _checked_patterns(values, element.pattern)
         if element.code is DType.BFLOAT16:
             return bfloat16_from_patterns(patterns)
         return patterns.view(element.storage)
+    if chosen is Form.ORDERED:
+        return from_ordered_keys(values, element)
     if contributor_count < 1:
         raise CcoError(ErrorCode.INVALID_FIELD, f"contributor_count {contributor_count} is below 1")
-    divisor = contributor_count if op is ReduceOp.AVG else 1
-    if element.is_float:
-        return from_fixed(values, scale, divisor, element)
-    if divisor != 1:
-        values = _round_half_even_div(values, divisor)
-    if len(values) and not _fits(values, element.bits):
+    if op is ReduceOp.AVG and contributor_count != 1:
+        values = _round_half_even_div(values, contributor_count)
+    if len(values) and not fits_width(int(values.min()), int(values.max()), element.bits // 8):
         raise CcoError(ErrorCode.OVERFLOW, f"a result does not fit {dtype.name}")
     return values.astype(element.storage)
 
@@ -123,17 +141,17 @@ def positions(out: np.ndarray, dtype: DType, kind: Collective) -> np.ndarray:
     """The flat application array ``out`` indexed by wire position: ``out`` itself, or
     for the two-halves form its view as 32-bit halves."""
     element = element_type(dtype)
-    if is_bit_exact(kind) and element.patterns_per_element == 2:
+    if wire_length(dtype, kind, 1) == 2:
         return out.view(element.pattern)
     return out
 
 
 def decode_positions(
-    values: np.ndarray, dtype: DType, kind: Collective, op: ReduceOp, scale: int, contributor_count: int
+    values: np.ndarray, dtype: DType, kind: Collective, op: ReduceOp, contributor_count: int
 ) -> np.ndarray:
     """What to store at the wire positions of ``values`` in :func:`positions`; unlike
     :func:`decode_values` it accepts a slice that splits a 64-bit element."""
     element = element_type(dtype)
-    if is_bit_exact(kind) and element.patterns_per_element == 2:
+    if wire_length(dtype, kind, 1) == 2:
         return _checked_patterns(np.asarray(values, dtype=np.int64), element.pattern)
-    return decode_values(values, dtype, kind, op, scale, contributor_count)
+    return decode_values(values, dtype, kind, op, contributor_count)

@@ -1,8 +1,9 @@
 """What each registered element type is: its numpy form, width and bit pattern.
 
 ``registries.DType`` only numbers the types; this table says how an application
-array of each type looks in numpy and how its bit pattern is carried when a
-collective moves data unchanged (broadcast, all-gather).
+array of each type looks in numpy, how its bit pattern is carried when a
+collective moves data unchanged (broadcast, all-gather), and how a float's pattern
+becomes an integer of the same order for MIN and MAX (:func:`ordered_keys`).
 
 bfloat16 has no numpy dtype without an extra dependency, so this implementation
 represents a bfloat16 tensor as a float32 array whose values are bfloat16 numbers:
@@ -115,6 +116,43 @@ def bfloat16_from_patterns(patterns: np.ndarray) -> np.ndarray:
 def round_to_bfloat16(values: np.ndarray) -> np.ndarray:
     """float32 values rounded to the nearest bfloat16 (half to even)."""
     return bfloat16_from_patterns(bfloat16_patterns(values))
+
+
+def _full_patterns(values: np.ndarray, element: ElementType) -> np.ndarray:
+    """Each element's whole bit pattern as one signed integer of the type's width."""
+    if element.code is DType.BFLOAT16:
+        return bfloat16_patterns(values)
+    return np.ascontiguousarray(values, dtype=element.storage).view(f"<i{element.bits // 8}")
+
+
+def ordered_keys(values: np.ndarray, element: ElementType) -> np.ndarray:
+    """int64 keys of float ``values`` that order as the floats do (IEEE 754 total order
+    restricted to non-NaN values: -inf < ... < -0.0 < +0.0 < ... < +inf).
+
+    A non-negative pattern is its own key; a negative one has its magnitude bits
+    flipped, so larger magnitudes become smaller keys.  The map is its own inverse.
+    NaN has no place in the order and is refused (OVERFLOW).
+    """
+    nan = np.isnan(values)
+    if nan.any():
+        raise CcoError(ErrorCode.OVERFLOW, f"element {int(np.argmax(nan))} is NaN, which has no order")
+    patterns = _full_patterns(values, element).astype(np.int64)
+    flip = np.int64((1 << (element.bits - 1)) - 1)
+    return np.where(patterns < 0, patterns ^ flip, patterns)
+
+
+def from_ordered_keys(keys: np.ndarray, element: ElementType) -> np.ndarray:
+    """The floats whose :func:`ordered_keys` are ``keys``; OVERFLOW if a key is not a
+    pattern of the type's width."""
+    keys = np.asarray(keys, dtype=np.int64)
+    limit = 1 << (element.bits - 1)
+    if len(keys) and not (-limit <= int(keys.min()) and int(keys.max()) < limit):
+        raise CcoError(ErrorCode.OVERFLOW, f"an ordered key does not fit {element.bits} bits")
+    flip = np.int64(limit - 1)
+    patterns = np.where(keys < 0, keys ^ flip, keys).astype(f"<i{element.bits // 8}")
+    if element.code is DType.BFLOAT16:
+        return bfloat16_from_patterns(patterns)
+    return patterns.view(element.storage)
 
 
 def require_storage(array: np.ndarray, element: ElementType) -> np.ndarray:

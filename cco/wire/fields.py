@@ -195,12 +195,17 @@ class FieldSpec:
     optional: bool
 
 
-def wire(key: int, kind: FieldType[Any], *, optional: bool = False) -> Any:
-    """Declare a dataclass field with its map key; optional fields default to None."""
+def wire(
+    key: int, kind: FieldType[Any], *, optional: bool = False, default: Any = dataclasses.MISSING
+) -> Any:
+    """Declare a dataclass field with its map key; optional fields default to None.
+
+    ``default`` only spares Python callers an argument: a required field is always
+    on the wire, whatever its value."""
     spec = FieldSpec(key=key, kind=kind, optional=optional)
     if optional:
         return dataclasses.field(default=None, metadata={"wire": spec})
-    return dataclasses.field(metadata={"wire": spec})
+    return dataclasses.field(default=default, metadata={"wire": spec})
 
 
 class Struct:

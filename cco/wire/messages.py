@@ -18,7 +18,6 @@ from cco.wire.fields import (
     Bitmap,
     Bytes,
     Enum,
-    Int,
     ListOf,
     Nested,
     Struct,
@@ -27,6 +26,7 @@ from cco.wire.fields import (
     invalid,
     wire,
 )
+from cco.wire.ops import Form, form
 from cco.wire.registries import (
     GROUP_ID_SIZE,
     GROUP_SECRET_SIZE,
@@ -44,6 +44,9 @@ MAC_MODULUS = (1 << 61) - 1
 MAX_CHUNK_ELEMENTS = 1 << 20
 MAX_TOTAL_ELEMENTS = 1 << 40
 ELEMENT_WIDTHS = (1, 2, 4, 8)
+MIN_BLOCK_ELEMENTS = 16
+MAX_BLOCK_ELEMENTS = 1 << 16
+MAX_CHUNK_BLOCKS = MAX_CHUNK_ELEMENTS // MIN_BLOCK_ELEMENTS
 
 _GROUP_ID = Bytes(min_len=GROUP_ID_SIZE, max_len=GROUP_ID_SIZE)
 _NODE_ID = Text(min_len=1, max_len=255)
@@ -96,6 +99,15 @@ class GroupParams(Struct):
     window: int = wire(2, UInt(minimum=1, maximum=4096))
     heartbeat_interval_ms: int = wire(3, UInt(minimum=10, maximum=600_000))
     operation_timeout_ms: int = wire(4, UInt(minimum=10, maximum=86_400_000))
+    block_elements: int = wire(5, UInt(minimum=MIN_BLOCK_ELEMENTS, maximum=MAX_BLOCK_ELEMENTS), default=256)
+    """Elements per block of block-scaled chunks (each block has its own scale)."""
+    float_width: int | None = wire(6, UInt(minimum=1, maximum=8), optional=True)
+    """Bytes per block-scaled integer when an operation names none; absent means each
+    float dtype's own width (2, 4 or 8)."""
+
+    def validate(self, where: str, encoding: bool) -> None:
+        if self.float_width is not None and self.float_width not in ELEMENT_WIDTHS:
+            raise invalid(where, f"float_width {self.float_width} is not one of {ELEMENT_WIDTHS}", encoding)
 
 
 # --- messages ----------------------------------------------------------------------
@@ -284,8 +296,11 @@ class ChunkMessage(Message):
     """Fields shared by every message that carries one chunk of an operation's data.
 
     ``payload`` holds ``chunk_length(...)`` integers, little-endian two's complement,
-    ``width`` bytes each.  The header fields from ``group_id`` to ``chunk_index``
-    (and ``root``) identify the chunk and are bound into its tag.
+    ``width`` bytes each; a block-scaled chunk (floats under SUM and AVG) also carries
+    its blocks' agreed ``scales`` (signed 16-bit, little-endian) and, after its
+    elements, one attestation integer per block.  The header fields (everything but
+    contributors, payload and tag; width only for block-scaled chunks) identify the
+    chunk and are bound into its tag.
     """
 
     group_id: bytes = wire(1, _GROUP_ID)
@@ -294,19 +309,29 @@ class ChunkMessage(Message):
     kind: Collective = wire(4, Enum(Collective))
     op: ReduceOp = wire(5, Enum(ReduceOp))
     dtype: DType = wire(6, Enum(DType))
-    scale: int = wire(7, Int(minimum=-2048, maximum=2047))
+    scales: bytes | None = wire(7, Bytes(max_len=2 * MAX_CHUNK_BLOCKS), optional=True)
     total_elements: int = wire(8, UInt(maximum=MAX_TOTAL_ELEMENTS))
     chunk_elements: int = wire(9, UInt(minimum=1, maximum=MAX_CHUNK_ELEMENTS))
     chunk_index: int = wire(10, _U64)
     contributors: bytes = wire(11, _RANK_BITMAP)
     width: int = wire(12, UInt(minimum=1, maximum=8))
-    payload: bytes = wire(13, Bytes(max_len=MAX_CHUNK_ELEMENTS * 8))
+    payload: bytes = wire(13, Bytes(max_len=(MAX_CHUNK_ELEMENTS + MAX_CHUNK_BLOCKS) * 8))
     tag: int | None = wire(14, UInt(maximum=MAC_MODULUS - 1), optional=True)
     root: int | None = wire(15, _RANK, optional=True)
+    block_elements: int | None = wire(
+        16, UInt(minimum=MIN_BLOCK_ELEMENTS, maximum=MAX_BLOCK_ELEMENTS), optional=True
+    )
 
     @property
     def element_count(self) -> int:
         return chunk_length(self.total_elements, self.chunk_elements, self.chunk_index)
+
+    @property
+    def block_count(self) -> int:
+        """Blocks of a block-scaled chunk (0 for other chunks)."""
+        if self.block_elements is None:
+            return 0
+        return -(-self.element_count // self.block_elements)
 
     def validate(self, where: str, encoding: bool) -> None:
         if self.width not in ELEMENT_WIDTHS:
@@ -314,7 +339,21 @@ class ChunkMessage(Message):
         count = chunk_count(self.total_elements, self.chunk_elements)
         if self.chunk_index >= count:
             raise invalid(where, f"chunk_index {self.chunk_index} is not below chunk count {count}", encoding)
-        expected = self.element_count * self.width
+        scaled = form(self.kind, self.op, self.dtype) is Form.BLOCK_SCALED
+        if scaled != (self.block_elements is not None) or scaled != (self.scales is not None):
+            raise invalid(
+                where,
+                f"scales and block_elements must be {'present' if scaled else 'absent'} for "
+                f"{self.dtype.name} {self.op.name} in {self.kind.name}",
+                encoding,
+            )
+        if self.scales is not None and len(self.scales) != 2 * self.block_count:
+            raise invalid(
+                where,
+                f"scales has {len(self.scales)} bytes, {self.block_count} blocks need {2 * self.block_count}",
+                encoding,
+            )
+        expected = (self.element_count + self.block_count) * self.width
         if len(self.payload) != expected:
             raise invalid(where, f"payload has {len(self.payload)} bytes, chunk needs {expected}", encoding)
         if not self.contributors:

@@ -6,12 +6,14 @@ endpoint) are linear, and so are the data-moving kinds, expressed as sums:
 BROADCAST is the root's data alone, ALL_GATHER the sum of zero-padded slices,
 BARRIER a sum over zero elements.  MIN, MAX and the bitwise ops have no tag; TLS
 protects them hop by hop, and an endpoint can still check that the result is
-consistent with its own contribution (:func:`inconsistency`).
+consistent with its own contribution (:func:`inconsistency`).  Each (kind, op,
+dtype) has one wire :class:`Form`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 import numpy as np
 
@@ -48,27 +50,48 @@ OPS: dict[ReduceOp, OpSemantics] = {
 assert set(OPS) == set(ReduceOp), "every registered op has semantics"
 
 BIT_EXACT_KINDS = frozenset({Collective.BROADCAST, Collective.ALL_GATHER})
-"""Kinds that move data unchanged: floats travel as bit patterns, scale 0."""
+"""Kinds that move data unchanged: every dtype travels as its bit patterns."""
 
 SUM_KINDS = frozenset({Collective.BROADCAST, Collective.ALL_GATHER, Collective.BARRIER})
 """Kinds expressed as a SUM: their op field must be SUM."""
 
 
-def check_operation(kind: Collective, op: ReduceOp, dtype: DType, scale: int, total_elements: int) -> None:
-    """Refuse a header whose kind, op, dtype and scale do not fit together."""
+class Form(Enum):
+    """How a chunk's wire integers represent the application's elements (draft section
+    "Element Types and Wire Integers"); a function of kind, op and dtype."""
+
+    VALUES = "values"
+    """Integer dtypes in reductions: the values themselves, at the smallest width."""
+    PATTERNS = "patterns"
+    """BROADCAST, ALL_GATHER and BARRIER: bit patterns (64-bit types as two halves)."""
+    ORDERED = "ordered"
+    """Floats under MIN and MAX: order-preserving keys of the bit patterns, exact."""
+    BLOCK_SCALED = "block-scaled"
+    """Floats under SUM and AVG: block-scaled fixed point at a fixed width, with one
+    attestation integer per block after the elements (:mod:`cco.wire.blockscale`)."""
+
+
+def form(kind: Collective, op: ReduceOp, dtype: DType) -> Form:
+    """The wire form of a chunk with this kind, op and dtype."""
+    if kind in SUM_KINDS:
+        return Form.PATTERNS
+    if not element_type(dtype).is_float:
+        return Form.VALUES
+    return Form.BLOCK_SCALED if OPS[op].verifiable else Form.ORDERED
+
+
+def check_operation(kind: Collective, op: ReduceOp, dtype: DType, total_elements: int) -> None:
+    """Refuse a header whose kind, op and dtype do not fit together."""
     if kind in SUM_KINDS and op is not ReduceOp.SUM:
         raise CcoError(ErrorCode.INVALID_FIELD, f"{kind.name} chunks carry op SUM, not {op.name}")
     if kind is Collective.BARRIER and total_elements != 0:
         raise CcoError(ErrorCode.INVALID_FIELD, "a BARRIER carries no elements")
     if OPS[op].integer_only and element_type(dtype).is_float:
         raise CcoError(ErrorCode.UNSUPPORTED_FEATURE, f"{op.name} is not defined on {dtype.name}")
-    check_scale(kind, dtype, scale)
 
 
-def check_scale(kind: Collective, dtype: DType, scale: int) -> None:
-    """Only floats in reductions use fixed point; everything else is carried at scale 0."""
-    if scale != 0 and (kind in BIT_EXACT_KINDS or not element_type(dtype).is_float):
-        raise CcoError(ErrorCode.INVALID_FIELD, f"scale must be 0 for {dtype.name} in {kind.name}")
+CONSISTENCY_OPS = frozenset({ReduceOp.MIN, ReduceOp.MAX, ReduceOp.BAND, ReduceOp.BOR})
+"""Ops whose result an endpoint can check against its own contribution."""
 
 
 def inconsistency(op: ReduceOp, result: np.ndarray, own: np.ndarray) -> str | None:

@@ -1,19 +1,38 @@
-"""A chunk's integers as payload bytes: little-endian two's complement, smallest width.
+"""A chunk's integers as payload bytes, and the bounds those integers obey.
 
-The width is the smallest of 1, 2, 4 and 8 bytes that holds every integer of the
-chunk (1 for an empty chunk).  Aggregates widen as they climb the tree, small
-values stay small on the wire, and because the width is a function of the values
-the encoding of a chunk is unique: equal results are equal bytes.
+Integers are written little-endian, two's complement, ``width`` bytes each.  For
+most chunks the width is the smallest of 1, 2, 4 and 8 bytes that holds every
+integer of the chunk (1 for an empty chunk): aggregates widen as they climb the
+tree, small values stay small on the wire, and because the width is a function of
+the values the encoding of a chunk is unique.  Block-scaled chunks are the
+exception: their width is part of the operation (:mod:`cco.wire.blockscale`).
+
+The range bound B exists for the MAC: a verifier accepts a tagged chunk only if
+every integer satisfies |y| <= B < p / 2, so two different integer vectors within
+the bound are different modulo p.  Untagged ops (MIN, MAX, bitwise) have no such
+bound; their integers only have to fit 64 bits.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from cco.wire.fixedpoint import RANGE_BOUND
+from cco.wire.errors import CcoError, ErrorCode
+
+RANGE_BOUND = (1 << 60) - 1
+"""B: every integer of every tagged chunk payload satisfies |y| <= B < p / 2."""
 
 WIDTHS = (1, 2, 4, 8)
 _LIMITS = tuple((w, -(1 << (8 * w - 1)), (1 << (8 * w - 1)) - 1) for w in WIDTHS)
+
+
+def contribution_bound(world_size: int) -> int:
+    """floor(B / world_size): the largest |x| one contributor may send in a tagged
+    integer reduction, so that no honest sum of ``world_size`` contributions leaves
+    [-B, B]."""
+    if world_size < 1:
+        raise CcoError(ErrorCode.INVALID_FIELD, f"world_size {world_size} is below 1")
+    return RANGE_BOUND // world_size
 
 
 def extremes(values: np.ndarray) -> tuple[int, int]:
@@ -26,6 +45,11 @@ def extremes(values: np.ndarray) -> tuple[int, int]:
 def within_bound(lo: int, hi: int) -> bool:
     """True when every integer in [lo, hi] satisfies |y| <= B."""
     return lo >= -RANGE_BOUND and hi <= RANGE_BOUND
+
+
+def fits_width(lo: int, hi: int, width: int) -> bool:
+    """True when [lo, hi] lies in the signed range of ``width`` bytes."""
+    return -(1 << (8 * width - 1)) <= lo and hi < 1 << (8 * width - 1)
 
 
 def minimal_width(lo: int, hi: int) -> int:

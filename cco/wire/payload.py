@@ -1,35 +1,45 @@
 """Typed, authenticated, aggregatable chunk payloads: the facade the nodes use.
 
-An endpoint turns its tensor into wire integers (:func:`encode_values`), cuts them
-into chunks and seals each one with a homomorphic tag (:func:`seal`).  Aggregators,
-which hold no key, add chunks exactly and add their tags (:func:`combine`).  An
-endpoint accepts a result only after the range, bitmap and tag checks
-(:func:`open_verified`), then turns the integers back into its dtype
-(:func:`decode_values`).  The pieces live in one module per idea: ``modp`` (exact
-F_p arithmetic), ``mac`` (keys, coefficients, pads, tags), ``fixedpoint``,
-``dtypes``, ``ops``, ``codec`` (tensor to wire integers), ``packing`` (integers to
-bytes) and ``chunking``.
+An endpoint turns its tensor into wire integers (:mod:`cco.wire.codec`, or
+:mod:`cco.wire.blockscale` for floats under SUM and AVG), cuts them into chunks and
+seals each one with a homomorphic tag (:func:`seal`).  Aggregators, which hold no
+key, add chunks exactly and add their tags (:func:`combine`).  An endpoint accepts
+a result only after the range, bitmap, tag and attestation checks
+(:func:`open_verified`), then turns the integers back into its dtype.  The pieces
+live in one module per idea: ``modp`` (exact F_p arithmetic), ``mac`` (keys,
+coefficients, pads, tags), ``blockscale``, ``dtypes``, ``ops``, ``codec`` (tensor to
+wire integers), ``packing`` (integers to bytes) and ``chunking``.
 """
 
 from __future__ import annotations
 
 import hmac
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from operator import attrgetter
 
 import numpy as np
 
 from cco.wire import cbor
+from cco.wire.blockscale import block_count
 from cco.wire.codec import decode_values, encode_values, wire_length
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap
-from cco.wire.fixedpoint import RANGE_BOUND, contribution_bound, default_scale
 from cco.wire.mac import GroupKeys, contribution_tag, derive_group_keys, expected_tag
 from cco.wire.messages import ChunkMessage, Contribution, chunk_length
 from cco.wire.modp import P
-from cco.wire.ops import OPS, check_operation, inconsistency
-from cco.wire.packing import WIDTHS, extremes, minimal_width, narrow, unpack, within_bound
+from cco.wire.ops import OPS, Form, check_operation, form, inconsistency
+from cco.wire.packing import (
+    RANGE_BOUND,
+    WIDTHS,
+    contribution_bound,
+    extremes,
+    fits_width,
+    minimal_width,
+    narrow,
+    unpack,
+    within_bound,
+)
 from cco.wire.registries import MAX_WORLD_SIZE, Collective, DType, ReduceOp
 
 __all__ = [
@@ -39,7 +49,6 @@ __all__ = [
     "combine",
     "contribution_bound",
     "decode_values",
-    "default_scale",
     "derive_group_keys",
     "encode_values",
     "open_verified",
@@ -50,7 +59,12 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ChunkHeader:
-    """The fields that identify a chunk; all of them are bound into its tag."""
+    """The fields that identify a chunk; all of them are bound into its tag.
+
+    ``width``, ``block_elements`` and ``scales`` are set for block-scaled chunks
+    only: their width is fixed by the operation, while other chunks are written at
+    whatever width their integers need, which is not part of their identity.
+    """
 
     group_id: bytes
     epoch: int
@@ -58,23 +72,42 @@ class ChunkHeader:
     kind: Collective
     op: ReduceOp
     dtype: DType
-    scale: int
     total_elements: int
     chunk_elements: int
     chunk_index: int
     root: int | None = None
+    width: int | None = None
+    block_elements: int | None = None
+    scales: bytes | None = None
 
     @classmethod
     def of(cls, message: ChunkMessage) -> ChunkHeader:
-        return cls(**dict(zip(_HEADER_FIELDS, _header_values(message), strict=True)))
+        return cls(
+            **dict(zip(_IDENTITY, _identity(message), strict=True)),
+            width=message.width if message.block_elements is not None else None,
+        )
 
     @property
     def element_count(self) -> int:
-        """Integers in this chunk."""
+        """Elements in this chunk."""
         return chunk_length(self.total_elements, self.chunk_elements, self.chunk_index)
 
+    @property
+    def block_count(self) -> int:
+        """Blocks (and attestation integers) of a block-scaled chunk; 0 otherwise."""
+        return 0 if self.block_elements is None else block_count(self.element_count, self.block_elements)
+
+    @property
+    def integer_count(self) -> int:
+        """Integers in the payload: the elements, then one attestation per block."""
+        return self.element_count + self.block_count
+
     def chunk_id(self) -> bytes:
-        """m: the deterministic CBOR array of the header fields, in declaration order."""
+        """m: the deterministic CBOR array of the identifying fields, with
+        [width, block_elements, scales] (or null) in the seventh place."""
+        scaling: list[cbor.CborValue] | None = None
+        if self.width is not None:
+            scaling = [self.width, self.block_elements, self.scales]
         return cbor.encode(
             [
                 self.group_id,
@@ -83,7 +116,7 @@ class ChunkHeader:
                 int(self.kind),
                 int(self.op),
                 int(self.dtype),
-                self.scale,
+                scaling,
                 self.total_elements,
                 self.chunk_elements,
                 self.chunk_index,
@@ -92,20 +125,47 @@ class ChunkHeader:
         )
 
     def check(self) -> None:
-        """Refuse a kind, op, dtype and scale that do not fit together."""
-        check_operation(self.kind, self.op, self.dtype, self.scale, self.total_elements)
+        """Refuse a kind, op and dtype that do not fit together, and block scaling
+        where the form has none (or none where it must)."""
+        check_operation(self.kind, self.op, self.dtype, self.total_elements)
+        scaled = form(self.kind, self.op, self.dtype) is Form.BLOCK_SCALED
+        present = (self.width is not None, self.block_elements is not None, self.scales is not None)
+        if present != (scaled, scaled, scaled):
+            raise CcoError(
+                ErrorCode.INVALID_FIELD,
+                f"{self.dtype.name} {self.op.name} in {self.kind.name} "
+                f"{'needs' if scaled else 'takes no'} width, block_elements and scales",
+            )
+        if self.scales is not None and len(self.scales) != 2 * self.block_count:
+            raise CcoError(
+                ErrorCode.INVALID_FIELD, f"{len(self.scales)} bytes of scales for {self.block_count} blocks"
+            )
 
 
-_HEADER_FIELDS = tuple(f.name for f in fields(ChunkHeader))
-_header_values = attrgetter(*_HEADER_FIELDS)
-"""The identifying fields of a header or chunk message, as a tuple (fast to compare)."""
+_IDENTITY = (
+    "group_id",
+    "epoch",
+    "op_id",
+    "kind",
+    "op",
+    "dtype",
+    "total_elements",
+    "chunk_elements",
+    "chunk_index",
+    "root",
+    "block_elements",
+    "scales",
+)
+_identity = attrgetter(*_IDENTITY)
+"""The identifying fields of a header or chunk message besides width, as a tuple
+(fast to compare)."""
 
 
 def _message(
     cls: type[ChunkMessage], header: ChunkHeader, ranks: bytes, width: int, payload: bytes, tag: int | None
 ) -> ChunkMessage:
     message = cls(
-        **dict(zip(_HEADER_FIELDS, _header_values(header), strict=True)),
+        **dict(zip(_IDENTITY, _identity(header), strict=True)),
         contributors=ranks,
         width=width,
         payload=payload,
@@ -119,12 +179,21 @@ def _payload(message: ChunkMessage, header: ChunkHeader) -> np.ndarray:
     """The message's integers, after checking that width and length agree with the header."""
     if message.width not in WIDTHS:
         raise CcoError(ErrorCode.INVALID_FIELD, f"width {message.width} is not one of {WIDTHS}")
-    if len(message.payload) != header.element_count * message.width:
+    if len(message.payload) != header.integer_count * message.width:
         raise CcoError(
             ErrorCode.INVALID_FIELD,
-            f"payload has {len(message.payload)} bytes, chunk needs {header.element_count * message.width}",
+            f"payload has {len(message.payload)} bytes, chunk needs {header.integer_count * message.width}",
         )
     return unpack(message.payload, message.width)
+
+
+def _range_error(lo: int, hi: int, width: int | None, what: str) -> CcoError | None:
+    """OVERFLOW when integers in [lo, hi] break the range bound or the fixed width."""
+    if not within_bound(lo, hi):
+        return CcoError(ErrorCode.OVERFLOW, f"{what} in [{lo}, {hi}] leaves [-B, B]")
+    if width is not None and not fits_width(lo, hi, width):
+        return CcoError(ErrorCode.OVERFLOW, f"{what} in [{lo}, {hi}] does not fit {width} bytes")
+    return None
 
 
 def seal(
@@ -134,25 +203,28 @@ def seal(
     values: np.ndarray,
     cls: type[ChunkMessage] = Contribution,
 ) -> ChunkMessage:
-    """Rank ``rank``'s chunk: its int64 ``values`` packed at the smallest width, tagged
-    when the op is verifiable.  OVERFLOW if a value leaves [-B, B]."""
+    """Rank ``rank``'s chunk: its int64 ``values`` (for a block-scaled chunk, the
+    elements then the attestations) packed at the chunk's width, tagged when the op
+    is verifiable.  OVERFLOW if a tagged value leaves [-B, B] or a block-scaled one
+    its width."""
     header.check()
     if not 0 <= rank < MAX_WORLD_SIZE:
         raise CcoError(ErrorCode.INVALID_FIELD, f"rank {rank} is out of range")
     if header.kind is Collective.BROADCAST and rank != header.root:
         raise CcoError(ErrorCode.INVALID_FIELD, f"only the root {header.root} seals BROADCAST data")
     values = np.asarray(values)
-    if values.dtype != np.int64 or values.shape != (header.element_count,):
+    if values.dtype != np.int64 or values.shape != (header.integer_count,):
         raise CcoError(
             ErrorCode.INVALID_FIELD,
-            f"a chunk is {header.element_count} int64 values, got {values.dtype} {values.shape}",
+            f"a chunk is {header.integer_count} int64 values, got {values.dtype} {values.shape}",
         )
     lo, hi = extremes(values)
-    if not within_bound(lo, hi):
-        raise CcoError(ErrorCode.OVERFLOW, f"a value in [{lo}, {hi}] leaves [-B, B]")
-    width = minimal_width(lo, hi)
+    verifiable = OPS[header.op].verifiable
+    if verifiable and (error := _range_error(lo, hi, header.width, "a value")) is not None:
+        raise error
+    width = header.width if header.width is not None else minimal_width(lo, hi)
     packed = narrow(values, width)
-    tag = contribution_tag(keys, header.chunk_id(), rank, packed) if OPS[header.op].verifiable else None
+    tag = contribution_tag(keys, header.chunk_id(), rank, packed) if verifiable else None
     return _message(cls, header, bitmap_from_ranks([rank]), width, packed.tobytes(), tag)
 
 
@@ -164,14 +236,16 @@ def combine(parts: Sequence[ChunkMessage], cls: type[ChunkMessage]) -> ChunkMess
     """
     if not parts:
         raise CcoError(ErrorCode.INVALID_FIELD, "nothing to combine")
-    identity = _header_values(parts[0])
+    identity = _identity(parts[0])
     for part in parts[1:]:
-        other = _header_values(part)
+        other = _identity(part)
         if other != identity:
-            differ = [name for name, a, b in zip(_HEADER_FIELDS, identity, other, strict=True) if a != b]
+            differ = [name for name, a, b in zip(_IDENTITY, identity, other, strict=True) if a != b]
             raise CcoError(ErrorCode.OPERATION_MISMATCH, f"chunks differ in {', '.join(differ)}")
     header = ChunkHeader.of(parts[0])
     header.check()
+    if header.width is not None and any(part.width != header.width for part in parts):
+        raise CcoError(ErrorCode.OPERATION_MISMATCH, "block-scaled chunks differ in width")
     semantics = OPS[header.op]
 
     seen = 0
@@ -193,14 +267,19 @@ def combine(parts: Sequence[ChunkMessage], cls: type[ChunkMessage]) -> ChunkMess
         raise CcoError(ErrorCode.INVALID_FIELD, f"{header.op.name} chunks carry no tag")
 
     arrays = [_payload(part, header) for part in parts]
-    for array in arrays:
-        if array.dtype.itemsize == 8 and not within_bound(*extremes(array)):
-            raise CcoError(ErrorCode.OVERFLOW, "an input value leaves [-B, B]")
-    total = _accumulate(arrays, semantics.combine)
+    if semantics.verifiable:
+        for array in arrays:
+            if array.dtype.itemsize == 8 and not within_bound(*extremes(array)):
+                raise CcoError(ErrorCode.OVERFLOW, "an input value leaves [-B, B]")
+        total = _accumulate(arrays, semantics.combine)
+    else:  # MIN, MAX and the bitwise ops never leave the range of their inputs
+        total = arrays[0].astype(np.int64)
+        for array in arrays[1:]:
+            semantics.combine(total, array, out=total)
     lo, hi = extremes(total)
-    if not within_bound(lo, hi):
-        raise CcoError(ErrorCode.OVERFLOW, f"the combination leaves [-B, B]: [{lo}, {hi}]")
-    width = minimal_width(lo, hi)
+    if semantics.verifiable and (error := _range_error(lo, hi, header.width, "the combination")) is not None:
+        raise error
+    width = header.width if header.width is not None else minimal_width(lo, hi)
     ranks = seen.to_bytes((seen.bit_length() + 7) // 8, "little")
     return _message(cls, header, ranks, width, narrow(total, width).tobytes(), tag)
 
@@ -226,24 +305,40 @@ def _accumulate(arrays: list[np.ndarray], ufunc: np.ufunc) -> np.ndarray:
     return total
 
 
+def check_encoding(message: ChunkMessage, header: ChunkHeader | None = None) -> np.ndarray:
+    """The payload's integers once its length fits the header and its width is the
+    smallest that holds them (a block-scaled chunk's width is fixed instead, and part
+    of its header): a unique encoding, so equal chunks are equal bytes.
+    ``INVALID_FIELD`` otherwise."""
+    header = header or ChunkHeader.of(message)
+    values = _payload(message, header)
+    if header.width is None and minimal_width(*extremes(values)) != message.width:
+        raise CcoError(
+            ErrorCode.INVALID_FIELD, f"width {message.width} is not the smallest that holds the chunk"
+        )
+    return values
+
+
 def open_verified(
     keys: GroupKeys,
     message: ChunkMessage,
     expected: frozenset[int],
     own: tuple[int, np.ndarray] | None = None,
 ) -> np.ndarray:
-    """The chunk's int64 integers once every check passed.
+    """The chunk's int64 element integers once every check passed.
 
-    Checks: the contributors are exactly ``expected`` (detail "bitmap"), every
-    integer is within [-B, B] ("range"), the tag matches for verifiable ops
-    ("tag"), and for MIN, MAX, BAND and BOR the result is consistent with the
-    caller's own values ``own = (rank, values)`` ("consistency").  Failures raise
-    ``VERIFICATION_FAILED`` with that word first in the detail.
+    Checks: the contributors are exactly ``expected`` (detail "bitmap"); for
+    verifiable ops every integer is within [-B, B] ("range") and the tag matches
+    ("tag"); for block-scaled chunks every block's attestations sum to between 1
+    and the number of contributors ("attestation": the block's agreed scale was
+    somebody's proposal); and for MIN, MAX, BAND and BOR the result is consistent
+    with the caller's own values ``own = (rank, values)`` ("consistency").  Failures
+    raise ``VERIFICATION_FAILED`` with that word first in the detail.  A chunk not
+    written at its smallest width (other than a block-scaled one, whose width is
+    fixed) is ``INVALID_FIELD``.
     """
     header = ChunkHeader.of(message)
     header.check()
-    values = _payload(message, header)
-
     ranks = ranks_from_bitmap(message.contributors)
     if ranks != expected:
         extra, missing = sorted(ranks - expected), sorted(expected - ranks)
@@ -251,16 +346,13 @@ def open_verified(
             ErrorCode.VERIFICATION_FAILED, f"bitmap: unexpected ranks {extra}, missing ranks {missing}"
         )
 
-    lo, hi = extremes(values)
-    if not within_bound(lo, hi):
+    values = check_encoding(message, header)
+    verifiable = OPS[header.op].verifiable
+    if verifiable and not within_bound(*extremes(values)):
         bad = int(np.argmax(np.abs(values.astype(np.int64)) > RANGE_BOUND))
-        raise CcoError(ErrorCode.VERIFICATION_FAILED, f"range: element {bad} leaves [-B, B]")
-    if minimal_width(lo, hi) != message.width:
-        raise CcoError(
-            ErrorCode.INVALID_FIELD, f"width {message.width} is not the smallest that holds the chunk"
-        )
+        raise CcoError(ErrorCode.VERIFICATION_FAILED, f"range: integer {bad} leaves [-B, B]")
 
-    if OPS[header.op].verifiable:
+    if verifiable:
         if message.tag is None:
             raise CcoError(ErrorCode.VERIFICATION_FAILED, "tag: missing")
         if not 0 <= message.tag < P:
@@ -271,7 +363,16 @@ def open_verified(
     elif message.tag is not None:
         raise CcoError(ErrorCode.INVALID_FIELD, f"{header.op.name} chunks carry no tag")
 
-    result = values.astype(np.int64)
+    result = values[: header.element_count].astype(np.int64)
+    attested = values[header.element_count :]
+    unattested = (attested < 1) | (attested > len(ranks))
+    if unattested.any():
+        bad = int(np.argmax(unattested))
+        raise CcoError(
+            ErrorCode.VERIFICATION_FAILED,
+            f"attestation: block {bad} has {int(attested[bad])} attestations for {len(ranks)} contributors "
+            "(its scale is nobody's proposal)",
+        )
     if own is not None:
         rank, own_values = own
         if rank not in ranks:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-PROTOCOL_VERSION_1 = 1
-SUPPORTED_VERSIONS = (PROTOCOL_VERSION_1,)
-ALPN = "cco/1"
+PROTOCOL_VERSION_2 = 2
+"""Version 2 carries floats at their own width (block-scaled fixed point); version 1,
+which carried every float as a 64-bit fixed-point integer, is not spoken."""
+SUPPORTED_VERSIONS = (PROTOCOL_VERSION_2,)
+ALPN = "cco/2"
 
 MAX_WORLD_SIZE = 1 << 16
 GROUP_ID_SIZE = 16

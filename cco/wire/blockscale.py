@@ -1,0 +1,172 @@
+"""Block-scaled fixed point: floats summed exactly, at the width of their own dtype.
+
+A float tensor in a SUM or AVG reduction is cut into blocks of ``block_elements``
+elements (counted from the start of each chunk).  For every block b the group
+agrees on one scale s_b, and every contributor sends
+
+    x_int = round_half_even(x * 2^s_b)
+
+as a signed integer of ``width`` bytes (by default the dtype's own width).  The
+scale is chosen so that no sum of the group's contributions can leave the width:
+every |x_int| stays within the *sum limit* Q = floor(min(2^(8 width - 1) - 1, B) / N).
+Integers then add exactly, in any order and any tree shape, so every endpoint gets
+the same bits, and a finite input of any magnitude has a scale that fits it.
+
+The agreement (draft section "Block Scales"): each contributor proposes, per block,
+the largest scale at which its own block fits Q (:func:`propose`); the group takes
+the minimum, which fits everyone's; and each contributor then attests, in its tagged
+data, whether the agreed scale is its own proposal (:func:`attestations`).  An
+endpoint refuses an agreed scale above its own proposal (its values would not fit)
+and a block whose attestations sum to zero (nobody proposed that scale): so an
+aggregator can neither raise a scale nor lower one without detection.
+
+Error bound, for block b with agreed scale s_b, summed over c contributors: every
+conversion errs by at most 2^-(s_b+1), so the integer sum, scaled back, is within
+c * 2^-(s_b+1) of the exact sum.  Because s_b is the largest scale at which the
+largest block M_b (the largest |x| any contributor has in the block) fits,
+2^-(s_b+1) <= 2 M_b / (2Q + 1): the error is at most 2c M_b / (2Q + 1), about
+c M_b / Q, before the single rounding of the decoded value to the dtype (half an
+ulp; for 8-byte widths the integer itself may first round to binary64, adding
+2^-52 |z|; bfloat16 rounds through binary32, so up to one bfloat16 ulp).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cco.wire.dtypes import ElementType, round_to_bfloat16
+from cco.wire.errors import CcoError, ErrorCode
+from cco.wire.packing import RANGE_BOUND
+from cco.wire.registries import DType
+
+SCALE_MIN = -(1 << 15)
+SCALE_MAX = (1 << 15) - 1
+"""Scales are signed 16-bit integers.  A block of zeros proposes SCALE_MAX: it fits
+at any scale, so it never lowers anyone else's."""
+
+DEFAULT_BLOCK_ELEMENTS = 256
+"""Elements per block: the scales, the scale pass and the attestations each cost
+about 1/256 of an element per element."""
+
+
+def sum_limit(width: int, world_size: int) -> int:
+    """Q = floor(min(2^(8 width - 1) - 1, B) / world_size): the largest |x_int| a
+    contributor may send so that a sum over the whole group fits ``width`` bytes and
+    the range bound B.  UNSUPPORTED_FEATURE when not even 1 fits (a width too narrow
+    for the group)."""
+    if world_size < 1:
+        raise CcoError(ErrorCode.INVALID_FIELD, f"world_size {world_size} is below 1")
+    limit = min((1 << (8 * width - 1)) - 1, RANGE_BOUND) // world_size
+    if limit < 1:
+        raise CcoError(
+            ErrorCode.UNSUPPORTED_FEATURE, f"width {8 * width} bits cannot carry a sum of {world_size} ranks"
+        )
+    return limit
+
+
+def block_count(elements: int, block_elements: int) -> int:
+    """Blocks of a chunk of ``elements`` elements: the last one may be shorter."""
+    return -(-elements // block_elements)
+
+
+def _float_limit(limit: int) -> float:
+    """The largest binary64 value not above ``limit`` (comparing an integral float with
+    it is the same as comparing with ``limit`` itself)."""
+    bound = float(limit)
+    return bound if bound <= limit else float(np.nextafter(bound, 0.0))
+
+
+def _wide(values: np.ndarray, element: ElementType) -> np.ndarray:
+    """``values`` as binary64 (exact), bfloat16 inputs first rounded to bfloat16."""
+    if element.code is DType.BFLOAT16:
+        values = round_to_bfloat16(values)
+    return np.asarray(values, dtype=np.float64)
+
+
+def _check_finite(values: np.ndarray, first: int) -> None:
+    finite = np.isfinite(values)
+    if not finite.all():
+        bad = int(np.argmin(finite))
+        what = "NaN" if np.isnan(values[bad]) else "infinite"
+        raise CcoError(ErrorCode.OVERFLOW, f"element {first + bad} is {what}")
+
+
+def propose(
+    values: np.ndarray, element: ElementType, block_elements: int, limit: int, first: int = 0
+) -> np.ndarray:
+    """This contributor's proposal per block: the largest scale s with
+    round_half_even(M * 2^s) <= ``limit``, M being the block's largest |x|; SCALE_MAX
+    for a block of zeros.  OVERFLOW for NaN or an infinity (``first`` is the tensor
+    position of ``values[0]``, for the message)."""
+    wide = _wide(values, element)
+    _check_finite(wide, first)
+    if len(wide) == 0:
+        return np.zeros(0, dtype=np.int16)
+    maxima = np.maximum.reduceat(np.abs(wide), np.arange(0, len(wide), block_elements))
+    _, exponent = np.frexp(maxima)  # maxima = f * 2^exponent, 0.5 <= f < 1
+    top = limit.bit_length() - 1  # 2^top <= limit < 2^(top + 1)
+    scales = (top + 1) - exponent.astype(np.int64)  # maxima * 2^scales in [2^top, 2^(top + 1))
+    too_big = np.rint(np.ldexp(maxima, scales)) > _float_limit(limit)
+    scales -= too_big  # one less always fits: maxima * 2^(scales - 1) < 2^top <= limit
+    scales[maxima == 0] = SCALE_MAX
+    return scales.astype(np.int16)
+
+
+def attestations(own: np.ndarray, agreed: np.ndarray) -> np.ndarray:
+    """1 for each block whose agreed scale is this contributor's own proposal, else 0."""
+    matches: np.ndarray = np.equal(own, agreed)
+    return matches.astype(np.int64)
+
+
+def _per_element(scales: np.ndarray, block_elements: int, elements: int) -> np.ndarray:
+    return np.repeat(np.asarray(scales, dtype=np.int64), block_elements)[:elements]
+
+
+def quantize(
+    values: np.ndarray,
+    element: ElementType,
+    scales: np.ndarray,
+    block_elements: int,
+    limit: int,
+    first: int = 0,
+) -> np.ndarray:
+    """round_half_even(x * 2^s_b) for every element as int64; OVERFLOW if a value is
+    not finite or leaves [-limit, limit] (an input changed since it was proposed)."""
+    wide = _wide(values, element)
+    _check_finite(wide, first)
+    if len(scales) != block_count(len(wide), block_elements):
+        raise CcoError(ErrorCode.INVALID_FIELD, f"{len(scales)} scales for {len(wide)} elements")
+    with np.errstate(over="ignore"):
+        scaled: np.ndarray = np.rint(np.ldexp(wide, _per_element(scales, block_elements, len(wide))))
+    outside = ~(np.abs(scaled) <= _float_limit(limit))  # also catches an infinity from ldexp
+    if outside.any():
+        bad = int(np.argmax(outside))
+        raise CcoError(
+            ErrorCode.OVERFLOW,
+            f"element {first + bad} ({float(wide[bad])!r}) does not fit the sum limit {limit} "
+            f"at scale {int(scales[bad // block_elements])}",
+        )
+    return scaled.astype(np.int64)
+
+
+def dequantize(
+    values: np.ndarray, scales: np.ndarray, block_elements: int, divisor: int, element: ElementType
+) -> np.ndarray:
+    """y * 2^-s_b (divided by ``divisor`` for AVG) rounded once to the application's
+    type; OVERFLOW if a result does not fit it."""
+    values = np.asarray(values, dtype=np.int64)
+    with np.errstate(over="ignore", under="ignore"):
+        decoded = np.ldexp(values.astype(np.float64), -_per_element(scales, block_elements, len(values)))
+        if divisor != 1:
+            decoded /= divisor
+        if element.code is DType.BFLOAT16:
+            out = round_to_bfloat16(decoded.astype(np.float32))
+        else:
+            out = decoded.astype(element.storage)
+    finite = np.isfinite(out)
+    if not finite.all():
+        bad = int(np.argmin(finite))
+        raise CcoError(
+            ErrorCode.OVERFLOW, f"result element {bad} ({decoded[bad]!r}) does not fit {element.code.name}"
+        )
+    return out
