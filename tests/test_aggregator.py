@@ -127,7 +127,6 @@ def chunk(
         kind=kind,
         op=op,
         dtype=DType.INT32,
-        scale=0,
         total_elements=total,
         chunk_elements=PARAMS.chunk_elements,
         chunk_index=index,
