@@ -19,6 +19,7 @@ from typing import TypeVar
 
 import numpy as np
 import pytest
+import reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -50,10 +51,10 @@ from cco.nodes.events import (
 )
 from cco.nodes.fsm import TransitionTable
 from cco.wire import payload
+from cco.wire.blockscale import SCALE_MAX
 from cco.wire.dtypes import ELEMENT_TYPES
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import bitmap_from_ranks
-from cco.wire.fixedpoint import contribution_bound
 from cco.wire.messages import (
     Abort,
     Address,
@@ -75,8 +76,8 @@ from cco.wire.messages import (
     RetransmitRequest,
     TreeAssignment,
 )
-from cco.wire.ops import BIT_EXACT_KINDS, OPS
-from cco.wire.packing import narrow, unpack
+from cco.wire.ops import BIT_EXACT_KINDS, OPS, Form, form
+from cco.wire.packing import contribution_bound, narrow, unpack
 from cco.wire.registries import Collective, DType, ReduceOp, Role
 
 GROUP = bytes.fromhex("c3" * 16)
@@ -153,7 +154,7 @@ def root_chunks(
     values: np.ndarray, op_id: int, epoch: int = 1, *, dtype: DType = DType.INT64, chunk_elements: int = 4
 ) -> list[ChunkMessage]:
     """Rank 0's BroadcastData chunks of ``values``, as the root would seal them."""
-    wire = payload.encode_values(values, dtype, Collective.BROADCAST, 0, WORLD)
+    wire = payload.encode_values(values, dtype, Collective.BROADCAST, ReduceOp.SUM, WORLD)
     chunks = []
     for index in range(max(1, -(-wire.size // chunk_elements))):
         header = payload.ChunkHeader(
@@ -163,7 +164,6 @@ def root_chunks(
             kind=Collective.BROADCAST,
             op=ReduceOp.SUM,
             dtype=dtype,
-            scale=0,
             total_elements=wire.size,
             chunk_elements=chunk_elements,
             chunk_index=index,
@@ -183,7 +183,6 @@ def int_header(op_id: int, epoch: int, total: int) -> payload.ChunkHeader:
         kind=Collective.ALL_REDUCE,
         op=ReduceOp.SUM,
         dtype=DType.INT32,
-        scale=0,
         total_elements=total,
         chunk_elements=4,
         chunk_index=0,
@@ -527,7 +526,15 @@ def test_unencodable_input_fails_the_operation_and_keeps_op_ids_aligned() -> Non
             ErrorCode.UNSUPPORTED_FEATURE,
         ),
         (
-            CollectiveRequest(kind=Collective.ALL_REDUCE, array=np.zeros(2, np.int32), scale=3),
+            CollectiveRequest(kind=Collective.ALL_REDUCE, array=np.zeros(2, np.int32), width=16),
+            ErrorCode.INVALID_FIELD,
+        ),
+        (
+            CollectiveRequest(kind=Collective.ALL_REDUCE, array=np.zeros(2, np.float32), width=12),
+            ErrorCode.INVALID_FIELD,
+        ),
+        (
+            CollectiveRequest(kind=Collective.ALL_REDUCE, op=ReduceOp.MAX, array=np.zeros(2), width=16),
             ErrorCode.INVALID_FIELD,
         ),
         (CollectiveRequest(kind=Collective.ALL_REDUCE), ErrorCode.INVALID_FIELD),
@@ -625,13 +632,15 @@ def test_an_input_changed_during_the_operation_fails_it_and_tells_the_tree(resen
     rig = joined()
     data = np.arange(12, dtype=np.float32)  # three chunks; the window holds two
     op_id, out = rig.start(CollectiveRequest(kind=Collective.ALL_REDUCE, array=data))
+    (proposals,) = sent(out, rig.parent, Contribution)  # the scale pass comes first
+    out = rig.from_parent(tree_result(proposals, {r: np.zeros(0) for r in range(WORLD) if r != RANK}))
     first, _ = sent(out, rig.parent, Contribution)
     if resent:
         data[5] = np.nan  # chunk 1, outstanding: asked for again
         out = rig.from_parent(RetransmitRequest(group_id=GROUP, epoch=1, op_id=op_id, chunks=(1,)))
     else:
         data[9] = np.nan  # chunk 2, which leaves once chunk 0 comes back
-        out = rig.from_parent(result_for(first))
+        out = rig.from_parent(tree_result(first, {r: np.zeros(0) for r in range(WORLD) if r != RANK}))
     (error,) = failures(out)
     assert error.code is ErrorCode.OVERFLOW and "the input changed" in str(error)
     (abort,) = sent(out, rig.parent, Abort)
@@ -654,14 +663,21 @@ def test_a_strided_input_is_read_in_c_order() -> None:
     assert completed.result.shape == (6, 4) and completed.result.tolist() == data.tolist()
 
 
-def test_a_copy_packed_wider_carries_the_same_integers() -> None:
+@pytest.mark.parametrize("first_copy", [True, False])
+def test_a_result_packed_wider_than_needed_is_invalid(first_copy: bool) -> None:
+    """The draft: an endpoint MUST treat a Result whose width is not the smallest as
+    INVALID_FIELD, whether it is the first copy of the chunk or a later one."""
     rig = joined()
-    _, out = rig.start(int_request(list(range(8))))
+    op_id, out = rig.start(int_request(list(range(8))))
     first, _ = sent(out, rig.parent, Contribution)
     result = result_for(first)
-    assert result.width < 8 and rig.from_parent(result) == []
+    assert result.width < 8
+    if not first_copy:
+        assert rig.from_parent(result) == []
     wide = narrow(unpack(result.payload, result.width).astype(np.int64), 8).tobytes()
-    assert rig.from_parent(dataclasses.replace(result, width=8, payload=wide)) == []
+    (error,) = failures(rig.from_parent(dataclasses.replace(result, width=8, payload=wide)))
+    assert error.code is ErrorCode.INVALID_FIELD and error.op_id == op_id
+    assert "not the smallest" in str(error)
 
 
 def test_a_result_that_does_not_fit_fails_once_every_chunk_is_verified() -> None:
@@ -701,15 +717,22 @@ SPLIT = GroupParams(chunk_elements=5, window=2, heartbeat_interval_ms=600_000, o
 
 def tree_result(mine: ChunkMessage, others: dict[int, np.ndarray]) -> ChunkMessage:
     """What the tree returns for ``mine``: a root's BroadcastData itself; otherwise the
-    Result combining it with the other ranks' wire integers ``others[rank]``."""
+    Result combining it with the other ranks' wire integers ``others[rank]``.  In a
+    scale pass the others propose the largest scale (so the agreed scales are this
+    rank's); in block-scaled data they send zeros and attest nothing."""
     if isinstance(mine, BroadcastData):
         return mine
     header = payload.ChunkHeader.of(mine)
     start = header.chunk_index * header.chunk_elements
-    parts = [
-        payload.seal(KEYS, header, r, wire[start : start + header.element_count])
-        for r, wire in others.items()
-    ]
+    if header.dtype is DType.INT16 and header.op is ReduceOp.MIN:
+        others = {r: np.full(header.total_elements, SCALE_MAX, dtype=np.int64) for r in others}
+    if header.block_elements is not None:
+        parts = [payload.seal(KEYS, header, r, np.zeros(header.integer_count, np.int64)) for r in others]
+    else:
+        parts = [
+            payload.seal(KEYS, header, r, wire[start : start + header.element_count])
+            for r, wire in others.items()
+        ]
     return payload.combine([mine, *parts], Result)
 
 
@@ -757,6 +780,7 @@ def _decoding_cases() -> list[tuple[Collective, DType, ReduceOp, bool]]:
         for dtype in DType
         for op in ReduceOp
         if not (OPS[op].integer_only and ELEMENT_TYPES[dtype].is_float)
+        and form(kind, op, dtype) is not Form.BLOCK_SCALED  # needs agreed scales: test_blockscale_endpoint
     ]
     cases += [(Collective.ALL_GATHER, dtype, ReduceOp.SUM, False) for dtype in DType]
     return cases + [
@@ -774,8 +798,7 @@ def test_chunk_by_chunk_decoding_is_bit_identical_to_decoding_the_whole_array(
         rig.join(SPLIT)
         n = int(rng.integers(1, 12)) * (WORLD if kind is Collective.REDUCE_SCATTER else 1)
         data = {r: random_input(rng, dtype, kind, n) for r in range(WORLD)}
-        scale = 0 if kind in BIT_EXACT_KINDS else payload.default_scale(dtype, WORLD)
-        wire = {r: payload.encode_values(x, dtype, kind, scale, WORLD) for r, x in data.items()}
+        wire = {r: payload.encode_values(x, dtype, kind, op, WORLD) for r, x in data.items()}
         if kind is Collective.ALL_GATHER:
             wire = {
                 r: np.concatenate([w if q == r else np.zeros_like(w) for q in range(WORLD)])
@@ -799,7 +822,7 @@ def test_chunk_by_chunk_decoding_is_bit_identical_to_decoding_the_whole_array(
         delivered.sort(key=lambda c: c.chunk_index)
         integers = np.concatenate([unpack(c.payload, c.width).astype(np.int64) for c in delivered])
         contributors = 1 if kind is Collective.BROADCAST else WORLD
-        whole = payload.decode_values(integers, dtype, kind, op, scale, contributors)
+        whole = payload.decode_values(integers, dtype, kind, op, contributors)
         if kind is Collective.ALL_GATHER:
             whole = whole.reshape(WORLD, n)
         elif kind is Collective.REDUCE_SCATTER:
@@ -827,10 +850,11 @@ def test_a_large_operation_keeps_its_result_and_a_few_chunks() -> None:
     finally:
         tracemalloc.stop()
     assert isinstance(outcome, OperationCompleted) and outcome.result is not None
-    scale = payload.default_scale(DType.FLOAT32, WORLD)
-    wire = payload.encode_values(data, DType.FLOAT32, Collective.ALL_REDUCE, scale, WORLD)
-    want = payload.decode_values(wire, DType.FLOAT32, Collective.ALL_REDUCE, ReduceOp.SUM, scale, WORLD)
-    assert outcome.result.tobytes() == want.tobytes()
+    # the other ranks sent zeros: the result is this rank's input, block-scaled once
+    tolerance = reference.block_scaled_tolerance(
+        [data], params.chunk_elements, params.block_elements, 32, WORLD, 24, data.astype(np.float64)
+    )
+    assert (np.abs(outcome.result.astype(np.float64) - data) <= tolerance).all()
     assert peak < 2 * data.nbytes + params.window * params.chunk_elements * 16, peak
 
 
@@ -1117,3 +1141,26 @@ def test_operation_table_moves_are_all_exercised(monkeypatch: pytest.MonkeyPatch
         if allowed <= seen:
             break
     assert allowed <= seen, sorted((s.name, e) for s, e in allowed - seen)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"dtype": DType.INT16},
+        {"op": ReduceOp.MAX},
+        {"kind": Collective.REDUCE_SCATTER},
+        {"total_elements": 12},
+        {"chunk_elements": 8},
+    ],
+)
+def test_a_genuine_result_of_another_operation_is_refused(change: dict[str, object]) -> None:
+    """A Result sealed with the group's keys but for a different operation shape is
+    OPERATION_MISMATCH, even though its tag and bitmap verify on their own."""
+    rig = joined()
+    op_id, out = rig.start(int_request(list(range(8))))
+    first, _ = sent(out, rig.parent, Contribution)
+    header = dataclasses.replace(payload.ChunkHeader.of(first), **change)  # type: ignore[arg-type]
+    values = np.arange(header.element_count, dtype=np.int64)
+    parts = [payload.seal(KEYS, header, r, values) for r in range(WORLD)]
+    (error,) = failures(rig.from_parent(payload.combine(parts, Result)))
+    assert error.code is ErrorCode.OPERATION_MISMATCH and error.op_id == op_id
