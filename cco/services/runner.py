@@ -145,7 +145,10 @@ class MachineRunner:
             if link is None:
                 log.debug("dropping %s for departed peer %s", type(command.message).__name__, command.peer)
                 return
-            link.send(command.message)
+            try:
+                link.send(command.message)
+            except LinkClosed:  # closed meanwhile (often by the machine's own ClosePeer): departed
+                log.debug("dropping %s for closed link to %s", type(command.message).__name__, command.peer)
         elif isinstance(command, ConnectTo):
             self._spawn(self._connect(command))
         elif isinstance(command, ClosePeer):
