@@ -3,7 +3,8 @@
 Because each message declares its fields with typed ``FieldType`` objects, one
 function can turn any field into a strategy; a new message type is covered by the
 property tests without touching this file.  Chunk messages get a hand-written
-strategy because their payload length depends on other fields.
+strategy because their payload length, scales and block_elements depend on other
+fields (their wire form); every form is drawn equally often.
 """
 
 from __future__ import annotations
@@ -26,12 +27,17 @@ from cco.wire.fields import (
     bitmap_from_ranks,
 )
 from cco.wire.messages import (
+    ELEMENT_WIDTHS,
+    MAC_MODULUS,
+    MAX_BLOCK_ELEMENTS,
     MESSAGE_CLASSES,
+    MIN_BLOCK_ELEMENTS,
     ChunkMessage,
     Message,
     chunk_count,
     chunk_length,
 )
+from cco.wire.ops import SUM_KINDS, Form, form
 from cco.wire.registries import Collective, DType, ReduceOp
 
 # Keep generated sizes small: the properties are about structure, not volume.
@@ -85,31 +91,74 @@ def struct_strategy(cls: type[Struct]) -> st.SearchStrategy[Any]:
 
 @st.composite
 def chunk_message_strategy(draw: st.DrawFn, cls: type[ChunkMessage]) -> ChunkMessage:
-    """A chunk message with a payload of exactly the length its header implies."""
-    chunk_elements = draw(st.integers(1, 16))
-    total = draw(st.integers(0, 64))
+    """A valid chunk message of any wire form: its scales, block_elements and payload
+    length follow from the header (block-scaled chunks carry one attestation integer
+    per block after their elements, at their width)."""
+    target = draw(st.sampled_from(list(Form)))
+    kind, op, dtype = draw(_operations[target])
+    assert form(kind, op, dtype) is target
+    chunk_elements = draw(st.integers(1, 40))
+    total = draw(st.integers(0, 100))
     index = draw(st.integers(0, chunk_count(total, chunk_elements) - 1))
-    width = draw(st.sampled_from([1, 2, 4, 8]))
-    kind = draw(st.sampled_from(list(Collective)))
+    width = draw(st.sampled_from(list(ELEMENT_WIDTHS)))
+    elements = chunk_length(total, chunk_elements, index)
+    contributors = draw(st.frozensets(st.integers(0, 100), min_size=1, max_size=5))
+    block_elements = scales = None
+    attestations = b""
+    if target is Form.BLOCK_SCALED:
+        block_elements = draw(
+            st.integers(MIN_BLOCK_ELEMENTS, 24) | st.sampled_from([256, MAX_BLOCK_ELEMENTS])
+        )
+        blocks = -(-elements // block_elements)
+        scales = b"".join(
+            draw(st.integers(-(1 << 15), (1 << 15) - 1)).to_bytes(2, "little", signed=True)
+            for _ in range(blocks)
+        )
+        attestations = b"".join(
+            draw(st.integers(1, len(contributors))).to_bytes(width, "little", signed=True)
+            for _ in range(blocks)
+        )
     needs_root = kind in (Collective.REDUCE, Collective.BROADCAST)
-    size = chunk_length(total, chunk_elements, index) * width
     return cls(
         group_id=draw(st.binary(min_size=16, max_size=16)),
         epoch=draw(st.integers(0, (1 << 64) - 1)),
         op_id=draw(st.integers(0, (1 << 64) - 1)),
         kind=kind,
-        op=draw(st.sampled_from(list(ReduceOp))),
-        dtype=draw(st.sampled_from(list(DType))),
-        scale=draw(st.integers(-2048, 2047)),
+        op=op,
+        dtype=dtype,
+        scales=scales,
         total_elements=total,
         chunk_elements=chunk_elements,
         chunk_index=index,
-        contributors=draw(st.frozensets(st.integers(0, 100), min_size=1, max_size=5).map(bitmap_from_ranks)),
+        contributors=bitmap_from_ranks(contributors),
         width=width,
-        payload=draw(st.binary(min_size=size, max_size=size)),
-        tag=draw(st.none() | st.integers(0, (1 << 61) - 2)),
+        payload=draw(st.binary(min_size=elements * width, max_size=elements * width)) + attestations,
+        tag=draw(st.none() | st.integers(0, MAC_MODULUS - 1)),
         root=draw(st.integers(0, 65535)) if needs_root else None,
+        block_elements=block_elements,
     )
+
+
+_REDUCTIONS = [Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER]
+_FLOATS = [DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32, DType.FLOAT64]
+_INTEGERS = [DType.INT8, DType.INT16, DType.INT32, DType.INT64]
+_operations: dict[Form, st.SearchStrategy[tuple[Collective, ReduceOp, DType]]] = {
+    Form.VALUES: st.tuples(
+        st.sampled_from(_REDUCTIONS), st.sampled_from(list(ReduceOp)), st.sampled_from(_INTEGERS)
+    ),
+    Form.PATTERNS: st.tuples(
+        st.sampled_from(sorted(SUM_KINDS)), st.sampled_from(list(ReduceOp)), st.sampled_from(list(DType))
+    ),
+    Form.ORDERED: st.tuples(
+        st.sampled_from(_REDUCTIONS), st.sampled_from([ReduceOp.MIN, ReduceOp.MAX]), st.sampled_from(_FLOATS)
+    ),
+    Form.BLOCK_SCALED: st.tuples(
+        st.sampled_from(_REDUCTIONS), st.sampled_from([ReduceOp.SUM, ReduceOp.AVG]), st.sampled_from(_FLOATS)
+    ),
+}
+"""(kind, op, dtype) of each wire form.  The message layer checks only what the form
+implies, so a PATTERNS kind with an op other than SUM is still a valid message (the
+payload layer refuses it)."""
 
 
 def message_strategy(cls: type[Message]) -> st.SearchStrategy[Message]:

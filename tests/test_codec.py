@@ -7,6 +7,8 @@ decoding rules of the draft's "Encoding" section are checked one by one below.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import cbor2
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,11 +19,14 @@ from cco.wire import cbor
 from cco.wire.errors import DecodeError, EncodeError, ErrorCode
 from cco.wire.framing import FrameDecoder, decode_varint, encode_frame, encode_varint
 from cco.wire.messages import (
+    GroupParams,
     Heartbeat,
     Message,
+    Result,
     decode_message,
     encode_message,
 )
+from cco.wire.registries import Collective, DType, MessageType, ReduceOp
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -158,6 +163,94 @@ def test_encoder_uses_rfc8949_key_order_for_mixed_keys() -> None:
     # RFC 7049 "canonical" (shorter first) would put -1 before 24; RFC 8949 core
     # deterministic encoding orders by bytes, so 24 (0x1818) precedes -1 (0x20).
     assert cbor.encode({-1: 0, 24: 0}).hex() == "a21818002000"
+
+
+# --- version 2 chunk fields: scales (7), block_elements (16) ------------------------
+
+
+def block_scaled_body() -> dict[int, cbor.CborValue]:
+    """A valid block-scaled Result's map: 20 float32 elements in blocks of 16, so two
+    scales (4 bytes) and a payload of 20 + 2 attestation integers at width 4."""
+    message = Result(
+        group_id=bytes(16),
+        epoch=1,
+        op_id=2,
+        kind=Collective.ALL_REDUCE,
+        op=ReduceOp.SUM,
+        dtype=DType.FLOAT32,
+        scales=bytes.fromhex("0300fdff"),  # 3, -3
+        total_elements=20,
+        chunk_elements=20,
+        chunk_index=0,
+        contributors=b"\x03",
+        width=4,
+        payload=bytes(22 * 4),
+        tag=5,
+        block_elements=16,
+    )
+    body = message.to_map()
+    assert decode_message(cbor.encode([int(MessageType.RESULT), body])) == message
+    return body
+
+
+def _without(body: dict[int, cbor.CborValue], key: int) -> dict[int, cbor.CborValue]:
+    return {k: v for k, v in body.items() if k != key}
+
+
+def _values_with_block_elements(body: dict[int, cbor.CborValue]) -> dict[int, cbor.CborValue]:
+    body = {k: v for k, v in body.items() if k != 7}
+    return {**body, 6: int(DType.INT32), 13: bytes(20 * 4)}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(lambda b: _without(b, 7), id="block-scaled-without-scales"),
+        pytest.param(lambda b: _without(b, 16), id="block-scaled-without-block-elements"),
+        pytest.param(lambda b: {**b, 7: bytes(2)}, id="one-scale-for-two-blocks"),
+        pytest.param(lambda b: {**b, 7: bytes(6)}, id="three-scales-for-two-blocks"),
+        pytest.param(lambda b: {**b, 7: bytes(3)}, id="scales-not-whole-int16"),
+        pytest.param(lambda b: {**b, 7: 3}, id="version-1-integer-scale"),
+        pytest.param(lambda b: {**b, 13: bytes(20 * 4)}, id="elements-without-attestations"),
+        pytest.param(lambda b: {**b, 16: 15}, id="block-elements-15"),
+        pytest.param(lambda b: {**b, 16: 65537}, id="block-elements-65537"),
+        pytest.param(lambda b: {**b, 5: int(ReduceOp.MAX)}, id="ordered-with-scales"),
+        pytest.param(lambda b: {**b, 6: int(DType.INT32)}, id="values-with-scales"),
+        pytest.param(lambda b: {**b, 4: int(Collective.BROADCAST), 15: 0}, id="patterns-with-scales"),
+        pytest.param(_values_with_block_elements, id="values-with-block-elements"),
+    ],
+)
+def test_decoder_checks_scales_and_block_elements_against_the_form(
+    change: Callable[[dict[int, cbor.CborValue]], dict[int, cbor.CborValue]],
+) -> None:
+    with pytest.raises(DecodeError) as info:
+        decode_message(cbor.encode([int(MessageType.RESULT), change(block_scaled_body())]))
+    assert info.value.code is ErrorCode.INVALID_FIELD
+
+
+def test_block_count_follows_block_elements() -> None:
+    # The same 20 elements in one block of 32: one scale, one attestation.
+    body = {**block_scaled_body(), 16: 32, 7: bytes(2), 13: bytes(21 * 4)}
+    assert decode_message(cbor.encode([int(MessageType.RESULT), body])).to_map() == body
+
+
+def test_group_params_block_elements_and_float_width() -> None:
+    base = {1: 4, 2: 2, 3: 100, 4: 1000}
+    params = GroupParams.from_map({**base, 5: 256})
+    assert params.block_elements == 256 and params.float_width is None
+    assert (
+        GroupParams(chunk_elements=4, window=2, heartbeat_interval_ms=100, operation_timeout_ms=1000)
+        == params
+    )
+    with pytest.raises(DecodeError) as info:
+        GroupParams.from_map(base)
+    assert info.value.code is ErrorCode.MISSING_FIELD
+    for width in (1, 2, 4, 8):
+        assert GroupParams.from_map({**base, 5: 16, 6: width}).float_width == width
+    for bad in ({5: 15}, {5: 65537}, {5: 256, 6: 3}, {5: 256, 6: 0}, {5: 256, 6: 16}):
+        with pytest.raises(DecodeError) as info:
+            GroupParams.from_map({**base, **bad})
+        assert info.value.code is ErrorCode.INVALID_FIELD, bad
 
 
 # --- framing -----------------------------------------------------------------------
