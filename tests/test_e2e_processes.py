@@ -14,6 +14,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from logcheck import log_problems
 
 from cco.localcluster import ClusterSpec, LocalCluster
 from cco.services.roles import WORKLOAD_SEED
@@ -40,7 +41,9 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, np.ndarr
         cluster.start()
         files = cluster.run_endpoints(timeout=240)
         aggregator_logs = [p.read_text() for p in cluster.infrastructure_logs[1:]]
-    assert not any("Traceback" in text for text in aggregator_logs)
+    logs = sorted(workdir.glob("*.log"))
+    assert len(logs) == 1 + 3 + WORLD, "a log for every node"
+    assert log_problems(logs) == [], "no node logged an ERROR or a traceback"
     # The run used epoch 1 (later epochs come from the endpoints leaving at the end):
     # a two-level tree, one root without a parent over two leaves with four ranks each.
     assignments = [
