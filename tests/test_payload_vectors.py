@@ -1,8 +1,9 @@
 """The committed payload vectors are reproducible, hold, and cover every attack.
 
-The checks in ``cco.interop.vectors_payload`` recompute each value from its
-definition (``hmac``, ``hashlib``, AES and Python integers); here they run over
-the committed files, and over tampered copies, which they must reject.
+The checks in ``cco.interop.vectors_payload`` and ``cco.interop.vectors_blockscale``
+recompute each value from its definition (``cco.interop.reference``: ``hmac``,
+``hashlib``, AES, exact rationals and Python integers); here they run over the
+committed files, and over tampered copies, which they must reject.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from typing import Any
 
 import pytest
 
+from cco.interop import vectors_blockscale, vectors_payload
 from cco.interop.generate import render
-from cco.interop.vectors_payload import VECTOR_CHECKS, vector_files
 
 ROOT = Path(__file__).resolve().parent.parent
 VECTOR_DIR = ROOT / "interop" / "vectors"
-FILES = vector_files()
+FILES = {**vectors_payload.vector_files(), **vectors_blockscale.vector_files()}
+VECTOR_CHECKS = {**vectors_payload.VECTOR_CHECKS, **vectors_blockscale.VECTOR_CHECKS}
 
 
 def _committed(name: str) -> list[dict[str, Any]]:
@@ -46,8 +48,17 @@ TAMPERING = [
     ("payload_combine.json", 1, ["verified_values", 0], 0),
     ("payload_verify_failures.json", 0, ["check"], "range"),
     ("payload_verify_failures.json", 3, ["error_code"], 0x23),
-    ("fixed_point.json", 0, ["wire", 1], 1),
-    ("fixed_point.json", 4, ["fail"], False),
+    ("wire_forms.json", 5, ["wire", 4], 0),  # float32 -0.0 given the key of +0.0
+    ("wire_forms.json", 9, ["fail"], False),
+    ("block_scale.json", 0, ["proposals", 2, 1], 20),
+    ("block_scale.json", 0, ["agreed_scales", 0], 20),
+    ("block_scale.json", 0, ["chunks", 0, "contributions", 1, "quantized", 3], 7),
+    ("block_scale.json", 1, ["chunks", 0, "contributions", 0, "attestations", 0], 0),
+    ("block_scale.json", 3, ["output_bits"], "00" * 80),
+    ("block_scale.json", 0, ["chunks", 1, "key_m"], "00" * 32),
+    ("block_scale.json", 2, ["scale_pass", "result", "values", 0], -2),
+    ("block_scale_failures.json", 4, ["check"], "tag"),
+    ("block_scale_failures.json", 5, ["error_code"], 0x20),
 ]
 
 
@@ -87,6 +98,32 @@ def test_negative_vectors_cover_every_attack_of_the_issue() -> None:
         assert vector["error_name"] == "VERIFICATION_FAILED", attack
     assert by_name["value_shifted_by_p"]["check"] == "range"
     assert all(v["fail"] is True and v["mutation"] for v in by_name.values())
+
+
+def test_block_scale_failures_cover_every_attack_on_the_scales() -> None:
+    by_name = {v["name"]: v for v in _committed("block_scale_failures.json")}
+    checks = {
+        "scale_lowered_unattested": ("VERIFICATION_FAILED", "attestation"),
+        "scale_raised_in_scale_pass": ("VERIFICATION_FAILED", "consistency"),
+        "children_given_different_scales": ("VERIFICATION_FAILED", "tag"),
+        "children_given_different_scales_refused_by_aggregator": ("OPERATION_MISMATCH", None),
+        "scales_on_values_form": ("INVALID_FIELD", None),
+        "scales_wrong_length": ("INVALID_FIELD", None),
+        "width_not_the_operations": ("OPERATION_MISMATCH", None),
+        "attestation_sum_above_contributors": ("VERIFICATION_FAILED", "attestation"),
+    }
+    for name, (error, check) in checks.items():
+        assert (by_name[name]["error_name"], by_name[name]["check"]) == (error, check), name
+
+
+def test_every_block_scaled_vector_cites_an_existing_section() -> None:
+    sections = {
+        v["spec_section"]
+        for name in ("block_scale.json", "block_scale_failures.json")
+        for v in _committed(name)
+    }
+    text = "".join(p.read_text(encoding="utf-8") for p in (ROOT / "spec" / "sections").glob("*.xml"))
+    assert all(f'anchor="{s}"' in text for s in sections), sections
 
 
 def test_payload_md_describes_every_file() -> None:

@@ -13,11 +13,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from cco.interop import vectors_messages, vectors_payload
+from cco.interop import vectors_blockscale, vectors_messages, vectors_payload
 
 Provider = Callable[[], dict[str, list[dict[str, Any]]]]
 
-PROVIDERS: list[Provider] = [vectors_messages.vector_files, vectors_payload.vector_files]
+PROVIDERS: list[Provider] = [
+    vectors_messages.vector_files,
+    vectors_payload.vector_files,
+    vectors_blockscale.vector_files,
+]
 """Every source of vector files; a file name may come from one provider only."""
 
 

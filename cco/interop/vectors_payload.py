@@ -1,27 +1,28 @@
-"""Vector provider for authenticated payloads: keys, tags, combining, failures, fixed point.
+"""Vector provider for authenticated payloads: keys, tags, combining, failures, wire forms.
 
 ``vector_files()`` builds the payload vectors from fixed inputs (no clock, no
 random state) with :mod:`cco.wire.payload`, then checks every vector with the
 checks below before returning it.  The checks read only the JSON and recompute
-each value from its definition in ``interop/payload.md`` with Python integers,
-``hmac``, ``hashlib`` and AES from ``cryptography``, never with :mod:`cco.wire.mac`,
-so a vector the definitions do not produce is never written.
+each value from its definition in ``interop/payload.md`` with
+:mod:`cco.interop.reference` (Python integers, exact rationals, ``struct``,
+``hmac``, ``hashlib`` and AES from ``cryptography``), never with :mod:`cco.wire.mac`
+or the codec, so a vector the definitions do not produce is never written.
+Block-scaled floats have their own provider, :mod:`cco.interop.vectors_blockscale`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import hmac
+import math
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any
 
 import numpy as np
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from cco.interop import reference as ref
 from cco.interop.jsonform import from_hex, message_to_json
-from cco.wire import cbor
+from cco.interop.vectors_blockscale import header_json
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap
 from cco.wire.messages import (
@@ -36,7 +37,6 @@ from cco.wire.payload import (
     ChunkHeader,
     combine,
     decode_values,
-    default_scale,
     derive_group_keys,
     encode_values,
     open_verified,
@@ -47,7 +47,7 @@ from cco.wire.registries import Collective, DType, ReduceOp
 Vector = dict[str, Any]
 Check = Callable[[list[Vector]], list[str]]
 
-P = (1 << 61) - 1
+P = ref.P
 SECRET = bytes(range(32))
 GROUP_ID = bytes(range(0xA0, 0xB0))
 NUMPY_TYPES: dict[DType, Any] = {
@@ -61,66 +61,19 @@ NUMPY_TYPES: dict[DType, Any] = {
     DType.FLOAT64: np.float64,
 }
 
-
-# --- the definitions, from first principles (used by the checks) ------------------
-
-
-def ref_hkdf(secret: bytes, group_id: bytes, info: bytes) -> tuple[bytes, bytes]:
-    """(PRK, OKM) of HKDF-SHA256 with L = 32 (RFC 5869)."""
-    prk = hmac.new(group_id, secret, hashlib.sha256).digest()
-    return prk, hmac.new(prk, info + b"\x01", hashlib.sha256).digest()
-
-
-def ref_keys(secret: bytes, group_id: bytes) -> tuple[bytes, bytes]:
-    return ref_hkdf(secret, group_id, b"cco/1 mac k1")[1], ref_hkdf(secret, group_id, b"cco/1 mac k2")[1]
+ref_hkdf = ref.hkdf
+ref_keys = ref.keys
+ref_chunk_id = ref.chunk_id
+ref_keystream = ref.keystream
+ref_coefficients = ref.coefficients
+ref_pad = ref.pad
+ref_tag = ref.tag
 
 
-def ref_chunk_id(header: Vector) -> bytes:
-    fields = [
-        "group_id",
-        "epoch",
-        "op_id",
-        "kind",
-        "op",
-        "dtype",
-        "scale",
-        "total_elements",
-        "chunk_elements",
-        "chunk_index",
-    ]
-    items: list[Any] = [from_hex(header[f]) if f == "group_id" else header[f] for f in fields]
-    return cbor.encode([*items, header.get("root")])
-
-
-def ref_keystream(k1: bytes, chunk_id: bytes, n: int) -> tuple[bytes, bytes]:
-    """(key_m, the first 8n keystream bytes)."""
-    key_m = hmac.new(k1, chunk_id, hashlib.sha256).digest()
-    encryptor = Cipher(algorithms.AES(key_m), modes.CTR(bytes(16))).encryptor()
-    return key_m, encryptor.update(bytes(8 * n))
-
-
-def ref_coefficients(stream: bytes) -> list[int]:
-    words = [int.from_bytes(stream[i : i + 8], "little") for i in range(0, len(stream), 8)]
-    return [(w % 2**61) % P for w in words]
-
-
-def ref_pad(k2: bytes, chunk_id: bytes, rank: int) -> tuple[bytes, int]:
-    digest = hmac.new(k2, chunk_id + rank.to_bytes(4, "big"), hashlib.sha256).digest()
-    return digest, (int.from_bytes(digest[:8], "little") % 2**61) % P
-
-
-def ref_tag(k1: bytes, k2: bytes, chunk_id: bytes, ranks: Sequence[int], values: Sequence[int]) -> int:
-    _, stream = ref_keystream(k1, chunk_id, len(values))
-    u = ref_coefficients(stream)
-    inner = sum(a * (v % P) for a, v in zip(u, values, strict=True))
-    return (inner + sum(ref_pad(k2, chunk_id, r)[1] for r in ranks)) % P
-
-
-def ref_payload(values: Sequence[int]) -> tuple[int, bytes]:
-    """(width, payload): little-endian two's complement at the smallest width."""
-    lo, hi = (min(values), max(values)) if values else (0, 0)
-    width = next(w for w in (1, 2, 4, 8) if -(1 << (8 * w - 1)) <= lo and hi < 1 << (8 * w - 1))
-    return width, b"".join(v.to_bytes(width, "little", signed=True) for v in values)
+def ref_payload(values: Sequence[int], width: int | None = None) -> tuple[int, bytes]:
+    """(width, payload): little-endian two's complement at ``width``, or the smallest width."""
+    w = width if width is not None else ref.smallest_width(values)
+    return w, ref.pack(values, w)
 
 
 # --- building blocks -----------------------------------------------------------------
@@ -131,7 +84,6 @@ def _header(
     kind: Collective = Collective.ALL_REDUCE,
     op: ReduceOp = ReduceOp.SUM,
     dtype: DType = DType.INT32,
-    scale: int = 0,
     total: int = 4,
     chunk: int = 4,
     index: int = 0,
@@ -139,6 +91,9 @@ def _header(
     op_id: int = 42,
     root: int | None = None,
     group_id: bytes = GROUP_ID,
+    width: int | None = None,
+    block_elements: int | None = None,
+    scales: Sequence[int] | None = None,
 ) -> ChunkHeader:
     return ChunkHeader(
         group_id=group_id,
@@ -147,30 +102,17 @@ def _header(
         kind=kind,
         op=op,
         dtype=dtype,
-        scale=scale,
         total_elements=total,
         chunk_elements=chunk,
         chunk_index=index,
         root=root,
+        width=width,
+        block_elements=block_elements,
+        scales=None if scales is None else ref.pack(scales, 2),
     )
 
 
-def _header_json(header: ChunkHeader) -> Vector:
-    out: Vector = {
-        "group_id": header.group_id.hex(),
-        "epoch": header.epoch,
-        "op_id": header.op_id,
-        "kind": int(header.kind),
-        "op": int(header.op),
-        "dtype": int(header.dtype),
-        "scale": header.scale,
-        "total_elements": header.total_elements,
-        "chunk_elements": header.chunk_elements,
-        "chunk_index": header.chunk_index,
-    }
-    if header.root is not None:
-        out["root"] = header.root
-    return out
+_header_json = header_json
 
 
 def _message_json(message: ChunkMessage) -> Vector:
@@ -262,11 +204,13 @@ def tag_vectors() -> list[Vector]:
             [RANGE_BOUND, -RANGE_BOUND, 2**32 + 5],
         ),
         _tag_vector(
-            "float32_fixed_point_last_chunk",
-            "Fixed-point integers of float32 data at scale 20, in the shorter last chunk (index 2 of 3).",
-            _header(dtype=DType.FLOAT32, scale=20, total=10, chunk=4, index=2),
+            "float32_block_scaled_last_chunk",
+            "Block-scaled float32 (-1.0 and 1.5 at scale 20) in the shorter last chunk (index 2 of 3), "
+            "then rank 3's attestation 1 for the chunk's one block.  The width (4), block_elements (16) "
+            "and scales (1400: int16 20) are in m, at its seventh place.",
+            _header(dtype=DType.FLOAT32, total=10, chunk=4, index=2, width=4, block_elements=16, scales=[20]),
             3,
-            [-(1 << 20), 3 << 19],
+            [-(1 << 20), 3 << 19, 1],
         ),
         _tag_vector(
             "reduce_with_root",
@@ -284,7 +228,7 @@ def tag_vectors() -> list[Vector]:
                 np.array([1.0, -2.5, np.inf, -0.0], dtype=np.float32),
                 DType.FLOAT32,
                 Collective.BROADCAST,
-                0,
+                ReduceOp.SUM,
                 4,
             ).tolist(),
         ),
@@ -366,14 +310,43 @@ def combine_vectors() -> list[Vector]:
             {0: [127, -128, 1], 1: [127, -128, -1]},
         ),
         _combine_vector(
-            "avg_float32",
-            "AVG is carried as a SUM of fixed-point integers (scale 16); the endpoint divides by 3.",
-            _header(op=ReduceOp.AVG, dtype=DType.FLOAT32, scale=16, total=2, chunk=2),
+            "max_float32_ordered",
+            "float32 MAX travels as ordered keys (form ORDERED), untagged, at the smallest width: -0.0 "
+            "against +0.0, infinities, the smallest subnormals.  The integer maximum is the float one.",
+            _header(op=ReduceOp.MAX, dtype=DType.FLOAT32, total=5, chunk=5),
             {
                 r: encode_values(
-                    np.array(x, dtype=np.float32), DType.FLOAT32, Collective.ALL_REDUCE, 16, 3
+                    np.array(x, dtype=np.float32), DType.FLOAT32, Collective.ALL_REDUCE, ReduceOp.MAX, 3
                 ).tolist()
-                for r, x in enumerate([[1.5, -0.25], [2.0, 0.125], [-0.5, 1.0]])
+                for r, x in enumerate(
+                    [
+                        [-0.0, -np.inf, 1e-45, -1.0, 3.0],
+                        [0.0, -3.4028235e38, -1e-45, -2.0, np.inf],
+                        [-0.0, -np.inf, 0.0, -1.5, -np.inf],
+                    ]
+                )
+            },
+        ),
+        _combine_vector(
+            "min_float64_ordered",
+            "float64 MIN as ordered 64-bit keys: -0.0 is below +0.0, -inf below everything.",
+            _header(op=ReduceOp.MIN, dtype=DType.FLOAT64, total=3, chunk=3),
+            {
+                r: encode_values(
+                    np.array(x, dtype=np.float64), DType.FLOAT64, Collective.ALL_REDUCE, ReduceOp.MIN, 2
+                ).tolist()
+                for r, x in enumerate([[0.0, 5e-324, 1e308], [-0.0, 1.0, -np.inf]])
+            },
+        ),
+        _combine_vector(
+            "max_int64_beyond_sum_bound",
+            "INT64 MAX is untagged, so its integers are bounded by 64 bits only, not by floor(B / N): "
+            "2^63 - 1, -2^63 and floor(B / 3) + 1 from 3 ranks are accepted.",
+            _header(op=ReduceOp.MAX, dtype=DType.INT64, total=3, chunk=3),
+            {
+                0: [(1 << 63) - 1, -(1 << 63), RANGE_BOUND // 3 + 1],
+                1: [0, -(1 << 63), -(RANGE_BOUND // 3 + 1)],
+                2: [-1, -(1 << 62), 5],
             },
         ),
         _combine_vector(
@@ -396,14 +369,18 @@ def combine_vectors() -> list[Vector]:
             _header(kind=Collective.ALL_GATHER, dtype=DType.FLOAT64, total=4, chunk=4),
             {
                 0: [
-                    *encode_values(np.array([1.0]), DType.FLOAT64, Collective.ALL_GATHER, 0, 2).tolist(),
+                    *encode_values(
+                        np.array([1.0]), DType.FLOAT64, Collective.ALL_GATHER, ReduceOp.SUM, 2
+                    ).tolist(),
                     0,
                     0,
                 ],
                 1: [
                     0,
                     0,
-                    *encode_values(np.array([-3.75]), DType.FLOAT64, Collective.ALL_GATHER, 0, 2).tolist(),
+                    *encode_values(
+                        np.array([-3.75]), DType.FLOAT64, Collective.ALL_GATHER, ReduceOp.SUM, 2
+                    ).tolist(),
                 ],
             },
         ),
@@ -653,29 +630,45 @@ def failure_vectors() -> list[Vector]:
     return vectors
 
 
-# --- fixed point ---------------------------------------------------------------------
+# --- wire forms ------------------------------------------------------------------------
 
 
 def _bits(x: np.ndarray) -> str:
     return np.ascontiguousarray(x).tobytes().hex()
 
 
+FLOAT_DTYPES = frozenset({DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32, DType.FLOAT64})
+REDUCE = Collective.ALL_REDUCE
+FORMS = {"values": "VALUES", "patterns": "PATTERNS", "ordered": "ORDERED"}
+
+
+def _form(kind: Collective, op: ReduceOp, dtype: DType) -> str:
+    if kind in (Collective.BROADCAST, Collective.ALL_GATHER, Collective.BARRIER):
+        return "PATTERNS"
+    return "ORDERED" if dtype in FLOAT_DTYPES else "VALUES"
+
+
+def _text(dtype: DType, x: np.ndarray) -> list[str]:
+    return [repr(float(v)) if dtype in FLOAT_DTYPES else str(int(v)) for v in x]
+
+
 def _encode_vector(
-    name: str, description: str, dtype: DType, kind: Collective, scale: int, world: int, x: np.ndarray
+    name: str, description: str, dtype: DType, kind: Collective, op: ReduceOp, world: int, x: np.ndarray
 ) -> Vector:
     vector: Vector = {
         "name": name,
         "description": description,
         "direction": "encode",
+        "form": _form(kind, op, dtype),
         "dtype": int(dtype),
         "kind": int(kind),
-        "scale": scale,
+        "op": int(op),
         "world_size": world,
         "input_bits": _bits(x),
-        "input_text": [repr(float(v)) if dtype in FLOAT_DTYPES else str(int(v)) for v in x],
+        "input_text": _text(dtype, x),
     }
     try:
-        vector["wire"] = encode_values(x, dtype, kind, scale, world).tolist()
+        vector["wire"] = encode_values(x, dtype, kind, op, world).tolist()
     except CcoError as error:
         vector |= {"fail": True, "error_code": int(error.code), "error_name": error.code.name}
     return vector
@@ -687,7 +680,6 @@ def _decode_vector(
     dtype: DType,
     kind: Collective,
     op: ReduceOp,
-    scale: int,
     count: int,
     wire: list[int],
 ) -> Vector:
@@ -695,179 +687,204 @@ def _decode_vector(
         "name": name,
         "description": description,
         "direction": "decode",
+        "form": _form(kind, op, dtype),
         "dtype": int(dtype),
         "kind": int(kind),
         "op": int(op),
-        "scale": scale,
         "contributor_count": count,
         "wire": wire,
     }
     try:
-        out = decode_values(np.array(wire, dtype=np.int64), dtype, kind, op, scale, count)
+        out = decode_values(np.array(wire, dtype=np.int64), dtype, kind, op, count)
     except CcoError as error:
         return vector | {"fail": True, "error_code": int(error.code), "error_name": error.code.name}
-    return vector | {
-        "output_bits": _bits(out),
-        "output_text": [repr(float(v)) if dtype in FLOAT_DTYPES else str(int(v)) for v in out],
-    }
+    return vector | {"output_bits": _bits(out), "output_text": _text(dtype, out)}
 
 
-FLOAT_DTYPES = frozenset({DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32, DType.FLOAT64})
-REDUCE = Collective.ALL_REDUCE
+ORDER_F32 = [-np.inf, -3.4028235e38, -1.0, -1e-45, -0.0, 0.0, 1e-45, 1.1754944e-38, 1.0, 3.4028235e38, np.inf]
 
 
-def fixed_point_vectors() -> list[Vector]:
-    f16_scale = default_scale(DType.FLOAT16, 4)
-    f32_scale = default_scale(DType.FLOAT32, 8)
+def wire_form_vectors() -> list[Vector]:
+    e, d = _encode_vector, _decode_vector
+    max_, min_, sum_, avg = ReduceOp.MAX, ReduceOp.MIN, ReduceOp.SUM, ReduceOp.AVG
+    bound3 = RANGE_BOUND // 3
     return [
-        _encode_vector(
-            "float32_ties_to_even",
-            "x * 2^1 for x = 0.25, 0.75, -0.25, -0.75, 1.25: ties round to even.",
+        e(
+            "int32_sum_values",
+            "VALUES: integers in a SUM are themselves.",
+            DType.INT32,
+            REDUCE,
+            sum_,
+            4,
+            np.array([0, -1, 2**31 - 1, -(2**31)], dtype=np.int32),
+        ),
+        e(
+            "int64_sum_at_contribution_bound",
+            "floor(B / 3) from one of 3 ranks: the largest tagged value.",
+            DType.INT64,
+            REDUCE,
+            sum_,
+            3,
+            np.array([bound3, -bound3], dtype=np.int64),
+        ),
+        e(
+            "int64_sum_beyond_contribution_bound",
+            "floor(B / 3) + 1 in a tagged SUM of 3 ranks: OVERFLOW.",
+            DType.INT64,
+            REDUCE,
+            sum_,
+            3,
+            np.array([bound3 + 1], dtype=np.int64),
+        ),
+        e(
+            "int64_max_beyond_contribution_bound",
+            "Untagged ops have no range bound: INT64 MAX carries any int64, floor(B / 3) + 1 and both ends "
+            "included.",
+            DType.INT64,
+            REDUCE,
+            max_,
+            3,
+            np.array([bound3 + 1, 2**63 - 1, -(2**63)], dtype=np.int64),
+        ),
+        e(
+            "int64_bxor_any",
+            "BXOR, untagged, carries any int64.",
+            DType.INT64,
+            REDUCE,
+            ReduceOp.BXOR,
+            3,
+            np.array([-1, 2**62 + 5], dtype=np.int64),
+        ),
+        e(
+            "float32_max_ordered",
+            "ORDERED: float32 keys, from -inf through the negative subnormal, -0.0, +0.0, the smallest "
+            "subnormal and normal, to +inf; the keys increase as the floats do.",
             DType.FLOAT32,
             REDUCE,
-            1,
-            2,
-            np.array([0.25, 0.75, -0.25, -0.75, 1.25], dtype=np.float32),
+            max_,
+            4,
+            np.array(ORDER_F32, dtype=np.float32),
         ),
-        _encode_vector(
-            "float16_default_scale",
-            f"float16 at the default scale for 4 ranks ({f16_scale}): exact.",
+        e(
+            "float16_min_ordered",
+            "float16 MIN keys: the largest finite values, subnormals and signed zeros.",
             DType.FLOAT16,
             REDUCE,
-            f16_scale,
-            4,
-            np.array([65504.0, -6.103515625e-05, 5.960464477539063e-08, 0.0], dtype=np.float16),
+            min_,
+            2,
+            np.array(
+                [65504.0, -65504.0, 5.960464477539063e-08, -5.960464477539063e-08, -0.0, 0.0, -np.inf],
+                dtype=np.float16,
+            ),
         ),
-        _encode_vector(
-            "float32_default_scale",
-            f"float32 at the default scale for 8 ranks ({f32_scale}).",
-            DType.FLOAT32,
-            REDUCE,
-            f32_scale,
-            8,
-            np.array([1.0, -0.1, 16777216.0, 1e-12], dtype=np.float32),
-        ),
-        _encode_vector(
-            "bfloat16_from_float32",
-            "bfloat16 tensors are float32 arrays rounded to bfloat16 first (ties to even).",
+        e(
+            "bfloat16_max_ordered",
+            "bfloat16 keys of float32 values rounded to bfloat16 first.",
             DType.BFLOAT16,
             REDUCE,
-            0,
+            max_,
             2,
-            np.array([1.00390625, 1.01171875, 1.0039063, 255.5], dtype=np.float32),
+            np.array([1.00390625, -1.01171875, -0.0, np.inf], dtype=np.float32),
         ),
-        _encode_vector(
-            "nan_overflows",
-            "NaN has no fixed-point value.",
+        e(
+            "float64_min_ordered",
+            "float64 keys: 64-bit patterns, beyond B (no bound untagged).",
+            DType.FLOAT64,
+            REDUCE,
+            min_,
+            2,
+            np.array([-np.inf, -5e-324, -0.0, 0.0, 1e308], dtype=np.float64),
+        ),
+        e(
+            "float32_max_nan_refused",
+            "NaN has no order: OVERFLOW.",
             DType.FLOAT32,
             REDUCE,
-            10,
+            max_,
             2,
             np.array([1.0, np.nan], dtype=np.float32),
         ),
-        _encode_vector(
-            "infinity_overflows",
-            "An infinity has no fixed-point value.",
+        e(
+            "float64_min_nan_refused",
+            "A negative NaN is refused too.",
             DType.FLOAT64,
             REDUCE,
-            10,
+            min_,
             2,
-            np.array([-np.inf], dtype=np.float64),
+            np.array([-np.nan], dtype=np.float64),
         ),
-        _encode_vector(
-            "beyond_contribution_bound",
-            "2^24 at scale 36 is 2^60 > floor(B / 2).",
-            DType.FLOAT32,
-            REDUCE,
-            36,
-            2,
-            np.array([2.0**24], dtype=np.float32),
-        ),
-        _encode_vector(
-            "int64_beyond_contribution_bound",
-            "floor(B / 3) + 1 from one of 3 ranks.",
-            DType.INT64,
-            REDUCE,
-            0,
-            3,
-            np.array([RANGE_BOUND // 3 + 1], dtype=np.int64),
-        ),
-        _encode_vector(
+        e(
             "float64_bit_exact_halves",
-            "BROADCAST carries a float64 as two int32 halves, low then high.",
+            "PATTERNS: a BROADCAST float64 is two int32 halves, low, high.",
             DType.FLOAT64,
             Collective.BROADCAST,
-            0,
+            sum_,
             2,
             np.array([1.0, -0.0, np.nan], dtype=np.float64),
         ),
-        _encode_vector(
+        e(
             "int64_bit_exact_halves",
             "ALL_GATHER carries any int64, even beyond B, as two int32 halves.",
             DType.INT64,
             Collective.ALL_GATHER,
-            0,
+            sum_,
             2,
             np.array([-1, 2**63 - 1], dtype=np.int64),
         ),
-        _encode_vector(
+        e(
             "float16_bit_exact",
             "BROADCAST carries float16 bit patterns as int16, NaN and -inf included.",
             DType.FLOAT16,
             Collective.BROADCAST,
-            0,
+            sum_,
             2,
             np.array([np.nan, -np.inf, -2.0], dtype=np.float16),
         ),
-        _decode_vector(
-            "float32_sum",
-            "A sum of fixed-point integers at scale 16 back to float32.",
+        d(
+            "float32_max_ordered_decode",
+            "Ordered keys back to float32: -inf, -0.0, +0.0, the smallest subnormal, +inf.",
             DType.FLOAT32,
             REDUCE,
-            ReduceOp.SUM,
-            16,
+            max_,
             3,
-            [196608, -8192, 1],
+            [-2139095041, -1, 0, 1, 2139095040],
         ),
-        _decode_vector(
-            "float32_avg",
-            "AVG divides the decoded sum by the contributor count.",
-            DType.FLOAT32,
+        d(
+            "float64_min_ordered_decode",
+            "Ordered keys back to float64.",
+            DType.FLOAT64,
             REDUCE,
-            ReduceOp.AVG,
-            16,
-            3,
-            [196608, -8192],
+            min_,
+            2,
+            [-9218868437227405313, -1, 1, 4607182418800017408],
         ),
-        _decode_vector(
+        d(
+            "float16_ordered_key_too_wide",
+            "A float16 key must fit 16 bits: 40000 does not (OVERFLOW).",
+            DType.FLOAT16,
+            REDUCE,
+            max_,
+            2,
+            [40000],
+        ),
+        d(
             "int32_avg_ties_to_even",
             "Integer AVG rounds the exact quotient half to even: 10/4, 30/4, -10/4.",
             DType.INT32,
             REDUCE,
-            ReduceOp.AVG,
-            0,
+            avg,
             4,
             [10, 30, -10, 7],
         ),
-        _decode_vector(
-            "float16_sum_overflows",
-            "A float16 sum of 2 * 60000 does not fit float16.",
-            DType.FLOAT16,
+        d("int8_sum_overflows", "An int8 sum of 200 does not fit int8.", DType.INT8, REDUCE, sum_, 2, [200]),
+        d(
+            "int64_max_decode",
+            "INT64 MAX results are the values, whatever their size.",
+            DType.INT64,
             REDUCE,
-            ReduceOp.SUM,
-            0,
-            2,
-            [120000],
-        ),
-        _decode_vector(
-            "int8_sum_overflows",
-            "An int8 sum of 200 does not fit int8.",
-            DType.INT8,
-            REDUCE,
-            ReduceOp.SUM,
-            0,
-            2,
-            [200],
+            max_,
+            3,
+            [2**63 - 1, -(2**63)],
         ),
     ]
 
@@ -908,8 +925,8 @@ def _check_message(part: Vector, header: Vector) -> list[str]:
         return [f"{part['message_name']} does not decode as that chunk message"]
     if message_to_json(message) != part["fields"]:
         problems.append("fields differ from the decoded message")
-    if ref_payload(part["values"]) != (message.width, message.payload):
-        problems.append("payload is not the values at the smallest width")
+    if ref_payload(part["values"], header.get("width")) != (message.width, message.payload):
+        problems.append("payload is not the values at the smallest (or the block-scaled) width")
     if sorted(ranks_from_bitmap(message.contributors)) != part["contributors"]:
         problems.append("contributors differ from the bitmap")
     for name, value in header.items():
@@ -926,7 +943,7 @@ def _check_tag(v: Vector) -> list[str]:
     u = ref_coefficients(stream)
     inner = sum(a * (x % P) for a, x in zip(u, v["values"], strict=True)) % P
     pad_hmac, pad = ref_pad(k2, chunk_id, v["rank"])
-    width, payload = ref_payload(v["values"])
+    width, payload = ref_payload(v["values"], v["header"].get("width"))
     want = {
         "k1": k1.hex(),
         "k2": k2.hex(),
@@ -1004,38 +1021,74 @@ def _check_failure(v: Vector) -> list[str]:
     return ["was accepted"]
 
 
-def _check_fixed_point(v: Vector) -> list[str]:
-    dtype, kind = DType(v["dtype"]), Collective(v["kind"])
+def _check_wire_form(v: Vector) -> list[str]:
+    """The implementation's codec gives the vector's output (or refusal)."""
+    dtype, kind, op = DType(v["dtype"]), Collective(v["kind"]), ReduceOp(v["op"])
     try:
         if v["direction"] == "encode":
             x = np.frombuffer(from_hex(v["input_bits"]), dtype=NUMPY_TYPES[dtype])
-            got: Vector = {"wire": encode_values(x, dtype, kind, v["scale"], v["world_size"]).tolist()}
+            got: Vector = {"wire": encode_values(x, dtype, kind, op, v["world_size"]).tolist()}
         else:
-            out = decode_values(
-                np.array(v["wire"], dtype=np.int64),
-                dtype,
-                kind,
-                ReduceOp(v["op"]),
-                v["scale"],
-                v["contributor_count"],
-            )
+            out = decode_values(np.array(v["wire"], dtype=np.int64), dtype, kind, op, v["contributor_count"])
             got = {"output_bits": _bits(out)}
     except CcoError as error:
         got = {"fail": True, "error_code": int(error.code)}
     return [f"{k} differs" for k, value in got.items() if v.get(k) != value]
 
 
-def _check_fixed_point_reference(v: Vector) -> list[str]:
-    """Reductions of floats: wire = round_half_even(x * 2^scale), computed exactly."""
-    dtype, kind = DType(v["dtype"]), Collective(v["kind"])
-    if v["direction"] != "encode" or dtype not in FLOAT_DTYPES or kind is not REDUCE or v.get("fail"):
-        return []
-    x = np.frombuffer(from_hex(v["input_bits"]), dtype=NUMPY_TYPES[dtype])
-    if dtype is DType.BFLOAT16:
-        bits = x.view("<u4").astype(np.uint64)
-        x = (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype("<u4").view("<f4")
-    want = [round(Fraction(float(a)) * Fraction(2) ** v["scale"]) for a in x]
-    return [] if want == v["wire"] else ["wire is not round_half_even(x * 2^scale)"]
+def _reference_wire(v: Vector) -> Vector:
+    """The vector's outcome from the definitions of interop/payload.md alone."""
+    dtype, form, op = v["dtype"], v["form"], v["op"]
+    if v["direction"] == "encode":
+        x = ref.elements(dtype, from_hex(v["input_bits"]))
+        if form == "ORDERED":
+            if any(math.isnan(a) for a in x):
+                return {"fail": True, "error_code": int(ErrorCode.OVERFLOW)}
+            return {"wire": [ref.ordered_key(dtype, a) for a in x]}
+        if form == "PATTERNS":
+            if dtype in ref.INTEGERS:
+                bits = ref.INTEGERS[dtype]
+                patterns = [a % (1 << bits) for a in x]
+            else:
+                bits = ref.FLOATS[dtype][0]
+                patterns = [ref.pattern(dtype, a) % (1 << bits) for a in x]
+            if bits < 64:
+                return {"wire": [p - (1 << bits) if p >> (bits - 1) else p for p in patterns]}
+            halves = [h for p in patterns for h in (p & 0xFFFFFFFF, p >> 32)]
+            return {"wire": [h - (1 << 32) if h >> 31 else h for h in halves]}
+        tagged = op in (ref.SUM, ref.AVG)
+        if tagged and any(abs(a) > ref.B // v["world_size"] for a in x):
+            return {"fail": True, "error_code": int(ErrorCode.OVERFLOW)}
+        return {"wire": list(x)}
+    wire, count = v["wire"], v["contributor_count"]
+    if form == "ORDERED":
+        bits = ref.FLOATS[dtype][0]
+        if any(not -(1 << (bits - 1)) <= k < 1 << (bits - 1) for k in wire):
+            return {"fail": True, "error_code": int(ErrorCode.OVERFLOW)}
+        return {"output_bits": b"".join(ref.from_ordered_key(dtype, k) for k in wire).hex()}
+    bits = ref.INTEGERS[dtype]
+    out = [round(Fraction(y, count)) if op == ref.AVG else y for y in wire]
+    if any(not -(1 << (bits - 1)) <= y < 1 << (bits - 1) for y in out):
+        return {"fail": True, "error_code": int(ErrorCode.OVERFLOW)}
+    return {"output_bits": ref.pack(out, bits // 8).hex()}
+
+
+def _check_wire_form_reference(v: Vector) -> list[str]:
+    want = _reference_wire(v)
+    problems = [f"{k} is not what the definitions give" for k, value in want.items() if v.get(k) != value]
+    if v["form"] != _form(Collective(v["kind"]), ReduceOp(v["op"]), DType(v["dtype"])):
+        problems.append("form is not the one of kind, op and dtype")
+    if (
+        "input_text" in v
+        and v["input_text"]
+        != [
+            repr(float(a)) if v["dtype"] in ref.FLOATS else str(a)
+            for a in ref.elements(v["dtype"], from_hex(v["input_bits"]))
+        ]
+        and v["dtype"] != int(DType.BFLOAT16)
+    ):
+        problems.append("input_text differs from input_bits")
+    return problems
 
 
 VECTOR_CHECKS: dict[str, Check] = {
@@ -1043,9 +1096,7 @@ VECTOR_CHECKS: dict[str, Check] = {
     "payload_tags.json": lambda vs: _run(vs, _check_tag),
     "payload_combine.json": lambda vs: _run(vs, _check_combine),
     "payload_verify_failures.json": lambda vs: _run(vs, _check_failure),
-    "fixed_point.json": lambda vs: _run(
-        vs, lambda v: _check_fixed_point(v) + _check_fixed_point_reference(v)
-    ),
+    "wire_forms.json": lambda vs: _run(vs, lambda v: _check_wire_form(v) + _check_wire_form_reference(v)),
 }
 """File name -> check of every vector in it (an empty list when all hold)."""
 
@@ -1063,7 +1114,7 @@ def vector_files() -> dict[str, list[Vector]]:
         "payload_tags.json": tag_vectors(),
         "payload_combine.json": combine_vectors(),
         "payload_verify_failures.json": failure_vectors(),
-        "fixed_point.json": fixed_point_vectors(),
+        "wire_forms.json": wire_form_vectors(),
     }
     for file_name, vectors in files.items():
         problems = VECTOR_CHECKS[file_name](vectors)
@@ -1079,6 +1130,6 @@ SPEC_SECTIONS = {
     "payload_tags.json": "mac-construction",
     "payload_combine.json": "payload-linearity",
     "payload_verify_failures.json": "mac-security",
-    "fixed_point.json": "fixed-point",
+    "wire_forms.json": "payload-elements",
 }
 """The draft anchor each payload vector file exercises."""

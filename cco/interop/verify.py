@@ -184,9 +184,18 @@ def check_framing(vectors: list[Vector]) -> list[str]:
     return problems
 
 
+def _payload_checks() -> dict[str, Check]:
+    """The payload files' checks, which recompute every value from its definition
+    (:mod:`cco.interop.reference`: exact rationals, Python integers, HMAC, AES)."""
+    from cco.interop import vectors_blockscale, vectors_payload
+
+    return {**vectors_payload.VECTOR_CHECKS, **vectors_blockscale.VECTOR_CHECKS}
+
+
 SEMANTIC_CHECKS: dict[str, Check] = {
     "messages.json": check_messages,
     "decode_failures.json": check_decode_failures,
     "framing.json": check_framing,
+    **_payload_checks(),
 }
-"""The vector files whose meaning this module checks, by file name."""
+"""The vector files whose meaning is checked, by file name."""
