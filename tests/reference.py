@@ -29,10 +29,14 @@ def block_maxima(arrays: list[np.ndarray], chunk_elements: int, block_elements: 
     return out
 
 
-def rounding(dtype_bits: int, significand_bits: int, exact: np.ndarray) -> np.ndarray:
-    """One rounding to a type with ``significand_bits`` (half an ulp, generously one),
-    plus 2^-52 relative for integers that first round to binary64."""
-    return np.abs(exact) * (2.0**-significand_bits + 2.0**-52) + 2.0**-1074
+SMALLEST_SUBNORMAL = {11: 2.0**-24, 8: 2.0**-133, 24: 2.0**-149, 53: 2.0**-1074}
+"""The spacing of subnormals of float16, bfloat16, float32 and float64, by significand bits."""
+
+
+def rounding(significand_bits: int, exact: np.ndarray) -> np.ndarray:
+    """One rounding to a type with ``significand_bits`` (half an ulp, generously one, or
+    the subnormal spacing), plus 2^-52 relative for integers that first round to binary64."""
+    return np.abs(exact) * (2.0**-significand_bits + 2.0**-52) + SMALLEST_SUBNORMAL[significand_bits]
 
 
 def block_scaled_tolerance(
@@ -49,4 +53,4 @@ def block_scaled_tolerance(
     c = len(arrays)
     q = sum_limit(width_bits, world)
     conversion = 2 * c * block_maxima(arrays, chunk_elements, block_elements) / (2 * q + 1) / divisor
-    return conversion + rounding(width_bits, significand_bits, exact)
+    return conversion + rounding(significand_bits, exact)

@@ -811,6 +811,14 @@ class AggregatorMachine:
         except CcoError as error:
             if not slot.fingerprints:  # the slot this part opened holds nothing: close it again
                 del group.slots[key]
+            if error.code is ErrorCode.OPERATION_MISMATCH and slot.fingerprints:
+                # the children disagree on what this operation is: it cannot complete, so
+                # every rank learns why at once instead of waiting for its timeout
+                detail = (
+                    f"aggregator {self.node_id}: op {message.op_id} chunk {message.chunk_index}: node {child} "
+                    f"sent a chunk that does not match its siblings' ({error.detail})"
+                )
+                return self._abort_op(group, message.op_id, error.code, detail, None)
             return [refuse(peer, message, error.code, error.detail)]
         self._account(len(merged.payload) - (len(slot.aggregate.payload) if slot.aggregate else 0))
         slot.aggregate = merged

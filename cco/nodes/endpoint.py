@@ -1194,9 +1194,11 @@ class EndpointMachine:
             data = self._ops.get(op.feeds)
             if data is None:
                 return out
-            return out + self._finish_failed(
-                data, event, code, f"scale pass: {detail}", missing, tell_tree=False
-            )
+            # Other ranks may have finished their scale pass already: they hear of this
+            # failure through an Abort of the data operation.
+            data.epoch = op.epoch
+            failure = f"scale pass: {detail}"
+            return out + self._finish_failed(data, event, code, failure, missing, tell_tree=tell_tree)
         scale_pass = self._ops.get(op.op_id - 1)
         if scale_pass is not None and scale_pass.feeds == op.op_id:
             self._release(scale_pass, LOST)
