@@ -815,8 +815,8 @@ class AggregatorMachine:
                 # the children disagree on what this operation is: it cannot complete, so
                 # every rank learns why at once instead of waiting for its timeout
                 detail = (
-                    f"aggregator {self.node_id}: op {message.op_id} chunk {message.chunk_index}: node {child} "
-                    f"sent a chunk that does not match its siblings' ({error.detail})"
+                    f"aggregator {self.node_id}: op {message.op_id} chunk {message.chunk_index}: "
+                    f"node {child} sent a chunk that does not match its siblings' ({error.detail})"
                 )
                 return self._abort_op(group, message.op_id, error.code, detail, None)
             return [refuse(peer, message, error.code, error.detail)]
