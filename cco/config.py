@@ -100,7 +100,27 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "workload", "endpoint workload: 'allreduce' rounds or the 'conformance' suite", "allreduce", str, (E,)
     ),
-    Option("results", "endpoint workload: write results (.npz) to this file", None, Path, (E,)),
+    Option(
+        "dtype",
+        "endpoint workload: element type of the all-reduce rounds (float32, int32, ...)",
+        "float32",
+        str,
+        (E,),
+    ),
+    Option(
+        "width",
+        "endpoint workload: bits per float on the wire (8, 16, 32, 64); default the dtype's",
+        None,
+        int,
+        (E,),
+    ),
+    Option(
+        "results",
+        "endpoint workload: write results to this file (JSON for allreduce, .npz for conformance)",
+        None,
+        Path,
+        (E,),
+    ),
     Option("max_datagram_size", "QUIC datagram size; loopback and jumbo links allow up to ~16000", 1452, int),
     Option("qlog_dir", "write qlog traces to this directory", None, Path),
     Option("keylog_file", "append TLS secrets to this file (for Wireshark)", None, Path),

@@ -34,7 +34,7 @@ from cco.transport.certs import CA_CERT_FILE, node_paths
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.messages import Address, GroupParams
 from cco.wire.registries import Collective, DType, ReduceOp, Role
-from cco.workload import conformance_cases, make_input
+from cco.workload import NUMPY_TYPES, conformance_cases, make_input
 
 log = logging.getLogger("cco.node")
 
@@ -170,7 +170,8 @@ async def run_endpoint(cfg: NodeConfig) -> int:
             if cfg.results is not None:
                 np.savez(cfg.results, **arrays)
         elif cfg.workload == "allreduce":
-            summary = await _allreduce_rounds(comm, cfg.rounds, cfg.elements)
+            dtype = _workload_dtype(cfg.dtype)
+            summary = await _allreduce_rounds(comm, cfg.rounds, cfg.elements, dtype, cfg.width)
             if cfg.results is not None:
                 Path(cfg.results).write_text(json.dumps(summary, indent=2) + "\n")
         else:
@@ -180,13 +181,23 @@ async def run_endpoint(cfg: NodeConfig) -> int:
     return 0
 
 
-async def _allreduce_rounds(comm: Communicator, rounds: int, elements: int) -> dict[str, Any]:
-    """Verified float32 all-reduce rounds; one progress line per round on stdout."""
+def _workload_dtype(name: str) -> DType:
+    dtype = DType.__members__.get(name.upper())
+    if dtype is None or dtype not in NUMPY_TYPES:
+        choices = ", ".join(d.name.lower() for d in NUMPY_TYPES)
+        raise CcoError(ErrorCode.INVALID_FIELD, f"workload dtype {name!r} is not one of {choices}")
+    return dtype
+
+
+async def _allreduce_rounds(
+    comm: Communicator, rounds: int, elements: int, dtype: DType, width: int | None
+) -> dict[str, Any]:
+    """Verified all-reduce rounds (float32 by default); one progress line per round on stdout."""
     records = []
     for round_index in range(rounds):
-        data = make_input(WORKLOAD_SEED, round_index, comm.rank, DType.FLOAT32, elements)
+        data = make_input(WORKLOAD_SEED, round_index, comm.rank, dtype, elements)
         start = time.perf_counter()
-        result = await comm.all_reduce(data, ReduceOp.SUM)
+        result = await comm.all_reduce(data, ReduceOp.SUM, width=width)
         seconds = time.perf_counter() - start
         records.append(
             {"round": round_index, "seconds": seconds, "bytes": data.nbytes, "sha256": _digest(result)}
