@@ -51,7 +51,6 @@ def make_chunks(total_mib: int, chunk_mib: int) -> list[Contribution]:
             kind=Collective.ALL_REDUCE,
             op=ReduceOp.SUM,
             dtype=DType.INT64,
-            scale=0,
             total_elements=elements * count,
             chunk_elements=elements,
             chunk_index=index,
