@@ -27,7 +27,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--mib", type=float, default=64.0, help="MiB of float32 per rank per round")
+    parser.add_argument("--mib", type=float, default=64.0, help="MiB per rank per round")
     parser.add_argument("--endpoints", type=int, default=2)
     parser.add_argument("--aggregators", type=int, default=1)
     parser.add_argument("--fan-in", type=int, default=8)
@@ -36,10 +36,17 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=8)
     parser.add_argument("--max-datagram-size", type=int, default=16000)
     parser.add_argument("--timeout", type=float, default=1200.0)
+    parser.add_argument(
+        "--dtype", default="float32", help="element type (float32 runs the scale pass; int32 does not)"
+    )
+    parser.add_argument(
+        "--width", type=int, default=None, help="bits per float on the wire (default: the dtype's)"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
-    elements = int(args.mib * (1 << 20)) // 4
+    itemsize = int(args.dtype.lstrip("abcdefghijklmnopqrstuvwxyz")) // 8
+    elements = int(args.mib * (1 << 20)) // itemsize
     spec = ClusterSpec(
         aggregators=args.aggregators,
         endpoints=args.endpoints,
@@ -49,6 +56,7 @@ def main() -> None:
         chunk_elements=args.chunk_elements,
         window=args.window,
         max_datagram_size=args.max_datagram_size,
+        extra_endpoint_args=("--dtype", args.dtype, *(("--width", str(args.width)) if args.width else ())),
     )
     workdir = Path(tempfile.mkdtemp(prefix="cco-bench-"))
     started = time.perf_counter()
@@ -62,13 +70,15 @@ def main() -> None:
     aggregator_rss = [int(m) for t in aggregator_text for m in re.findall(r"peak RSS (\d+)", t)]
     round_times = [max(r["rounds"][i]["seconds"] for r in reports) for i in range(args.rounds)]
     identical = all(len({r["rounds"][i]["sha256"] for r in reports}) == 1 for i in range(args.rounds))
-    nbytes = elements * 4
+    nbytes = elements * itemsize
     summary = {
         "command": "python benchmarks/bench_allreduce.py "
         + " ".join(
             f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("out", "timeout")
         ),
         "mib_per_rank": nbytes / (1 << 20),
+        "dtype": args.dtype,
+        "width": args.width,
         "endpoints": args.endpoints,
         "aggregators": args.aggregators,
         "chunk_elements": args.chunk_elements,
