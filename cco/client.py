@@ -140,7 +140,15 @@ class Communicator:
         return self.start(CollectiveRequest(kind=Collective.ALL_REDUCE, op=op, array=array, **kw))
 
     async def all_reduce(self, array: np.ndarray, op: ReduceOp = ReduceOp.SUM, **kw: Any) -> np.ndarray:
-        """Every rank gets the elementwise reduction of every rank's ``array``."""
+        """Every rank gets the elementwise reduction of every rank's ``array``.
+
+        Keywords are those of :class:`CollectiveRequest`: ``timeout`` (seconds), and for
+        float SUM and AVG ``width``, the bits per element on the wire (8, 16, 32 or 64;
+        default: the group's ``float_width``, else the dtype's own).  Floats in sums are
+        block-scaled fixed point: each element of the result is within about c x M / Q
+        of the exact sum (M: the largest magnitude in its block on any rank, c: the
+        contributors, Q = (2^(width-1) - 1) / world_size), and bit-identical on every
+        rank; MIN and MAX of floats are exact."""
         return _present(await self.start_all_reduce(array, op, **kw))
 
     async def reduce(
