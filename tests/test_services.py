@@ -161,7 +161,6 @@ def test_member_of_group_a_cannot_send_into_group_b(pki: Path) -> None:
                 kind=Collective.ALL_REDUCE,
                 op=ReduceOp.SUM,
                 dtype=DType.INT32,
-                scale=0,
                 total_elements=4,
                 chunk_elements=1024,
                 chunk_index=0,

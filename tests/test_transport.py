@@ -31,7 +31,7 @@ from cco.wire.messages import (
     Message,
     encode_message,
 )
-from cco.wire.registries import ALPN, Collective, DType, ReduceOp, Role
+from cco.wire.registries import ALPN, PROTOCOL_VERSION_2, Collective, DType, ReduceOp, Role
 
 T = TypeVar("T")
 
@@ -85,7 +85,6 @@ def chunk(group: bytes, index: int, elements: int = 4, chunks: int = 1000, op_id
         kind=Collective.ALL_REDUCE,
         op=ReduceOp.SUM,
         dtype=DType.INT32,
-        scale=0,
         total_elements=elements * chunks,
         chunk_elements=elements,
         chunk_index=index,
@@ -159,8 +158,8 @@ def test_handshake_authenticates_both_sides(pki: Path) -> None:
                 host, port, config(pki, "ep-1"), identity("ep-1", client_caps), "agg-1", timeout=5
             )
             peer = await accepted.get()
-            assert (link.node_id, link.role, link.version) == ("agg-1", Role.AGGREGATOR, 1)
-            assert (peer.node_id, peer.role, peer.version) == ("ep-1", Role.ENDPOINT, 1)
+            assert (link.node_id, link.role, link.version) == ("agg-1", Role.AGGREGATOR, PROTOCOL_VERSION_2)
+            assert (peer.node_id, peer.role, peer.version) == ("ep-1", Role.ENDPOINT, PROTOCOL_VERSION_2)
             assert link.extensions == peer.extensions == frozenset({7})
             # The transport advertises its own receive limit, whatever the identity said.
             assert link.capabilities.max_message_size == 1 << 20

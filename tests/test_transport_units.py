@@ -193,7 +193,7 @@ def test_hello_ack_checks() -> None:
         accept_hello_ack(ack, hello, NodeIdentity("agg-2", Role.AGGREGATOR))
     assert info.value.code is ErrorCode.UNAUTHORIZED
     with pytest.raises(CcoError) as info:
-        accept_hello_ack(replace(ack, version=2), hello, SERVER_CERT)
+        accept_hello_ack(replace(ack, version=99), hello, SERVER_CERT)
     assert info.value.code is ErrorCode.UNSUPPORTED_VERSION
     bad_echo = replace(ack, capabilities=replace(ack.capabilities, extensions=(8,)))
     with pytest.raises(CcoError) as info:
