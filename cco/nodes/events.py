@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from cco.wire.errors import CcoError, ErrorCode
-from cco.wire.messages import Address, Message
+from cco.wire.messages import Address, Capabilities, Message
 from cco.wire.registries import Role
 
 if TYPE_CHECKING:
@@ -37,12 +37,15 @@ class PeerConnected:
     """A connection completed TLS and the Hello exchange.
 
     ``node_id`` and ``role`` are authenticated: the I/O layer checked them against
-    the peer's certificate before reporting the connection.
+    the peer's certificate before reporting the connection.  ``capabilities`` are
+    what the peer declared in Hello or HelloAck; None where there is no handshake
+    (in-memory simulations), read as "no limit".
     """
 
     peer: PeerId
     node_id: str
     role: Role
+    capabilities: Capabilities | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +125,16 @@ class Joined:
 
 
 @dataclass(frozen=True, slots=True)
+class JoinFailed:
+    """Endpoint only: the group did not admit this endpoint (a JoinReject or Error from
+    the rendezvous, or the rendezvous lost before the admission), with the reason."""
+
+    group_id: bytes
+    code: ErrorCode
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
 class OperationCompleted:
     """Endpoint only: an operation finished and its result passed verification."""
 
@@ -137,13 +150,14 @@ class OperationFailed:
     error: CcoError
 
 
-Command = SendMessage | ConnectTo | ClosePeer | Joined | OperationCompleted | OperationFailed
+Command = SendMessage | ConnectTo | ClosePeer | Joined | JoinFailed | OperationCompleted | OperationFailed
 
 __all__ = [
     "ClosePeer",
     "Command",
     "ConnectTo",
     "Input",
+    "JoinFailed",
     "Joined",
     "MessageMalformed",
     "MessageReceived",

@@ -40,6 +40,18 @@ What peers see (draft section "Membership, Trees and Epochs"):
 * Heartbeat(seq) goes to every peer each interval and echoes the last seq received
   from it; a peer that sent nothing for three intervals is lost and closed.
 
+Capabilities (draft section "Hello Exchange, Versions and Extensions"): what each
+peer declared in Hello or HelloAck arrives with
+:class:`~cco.nodes.events.PeerConnected`.  A group's chunk_elements in an epoch is
+its configured value lowered to what every member accepts
+(:func:`chunk_elements_limit`: its max_chunk_elements, and a chunk message of 8-byte
+elements within its max_message_size); JoinAccept and TreeAssignment carry it.  An
+aggregator is placed in a group's tree only if it accepts that chunk_elements too
+and lists every dtype, op and collective that all the group's members list;
+otherwise the group plans without it (or waits).  A join is refused with
+MESSAGE_TOO_LARGE when even a one-element chunk message for the group's world size
+exceeds the joiner's max_message_size.
+
 Refusals: a message another role may send is answered with Error(UNAUTHORIZED); a
 message not allowed in the peer's state, or one no peer may send to a rendezvous,
 with Error(PROTOCOL_VIOLATION); both leave the connection open.  A malformed
@@ -51,7 +63,7 @@ from __future__ import annotations
 import hmac
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import TypeVar
 
@@ -72,9 +84,11 @@ from cco.nodes.tree import AggregatorInfo, MemberInfo, TreePlan, plan_tree
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import bitmap_from_ranks
 from cco.wire.messages import (
+    MAX_CHUNK_ELEMENTS,
     Address,
     AggregatorAccept,
     AggregatorRegister,
+    Capabilities,
     EpochChange,
     Error,
     GroupParams,
@@ -86,7 +100,15 @@ from cco.wire.messages import (
     Message,
     TreeAssignment,
 )
-from cco.wire.registries import GROUP_ID_SIZE, GROUP_SECRET_SIZE, MAX_WORLD_SIZE, Role
+from cco.wire.registries import (
+    GROUP_ID_SIZE,
+    GROUP_SECRET_SIZE,
+    MAX_WORLD_SIZE,
+    Collective,
+    DType,
+    ReduceOp,
+    Role,
+)
 
 S = TypeVar("S", bound=Enum)
 
@@ -251,6 +273,41 @@ def diagrams() -> str:
     return "\n\n".join(t.to_ascii() for t in TABLES)
 
 
+CHUNK_HEADER_BOUND = 256
+"""Bytes of a chunk message beyond its payload, scales and contributors bitmap, at
+most (every other field at its largest); a test checks it against the codec."""
+
+
+def chunk_elements_limit(capabilities: Capabilities | None, world_size: int, block_elements: int) -> int:
+    """The largest chunk_elements a node with ``capabilities`` accepts in a group of
+    ``world_size``: at most its max_chunk_elements, and small enough that a chunk
+    message of 8-byte elements fits its max_message_size, counting for each block of
+    ``block_elements`` its attestation (8 bytes) and scale (2 bytes), as a
+    block-scaled chunk carries them.  Below 1: no chunk fits."""
+    if capabilities is None:
+        return MAX_CHUNK_ELEMENTS
+    room = capabilities.max_message_size - CHUNK_HEADER_BOUND - (world_size + 7) // 8
+    full_blocks, rest = divmod(room, 8 * block_elements + 10)
+    partial = min(block_elements - 1, max(0, (rest - 10) // 8))
+    return min(capabilities.max_chunk_elements, full_blocks * block_elements + partial)
+
+
+@dataclass(frozen=True, slots=True)
+class Needs:
+    """What a group's tree must handle: the dtypes, ops and collectives every member lists."""
+
+    dtypes: frozenset[DType]
+    ops: frozenset[ReduceOp]
+    collectives: frozenset[Collective]
+
+    def met_by(self, capabilities: Capabilities | None) -> bool:
+        return capabilities is None or (
+            self.dtypes <= set(capabilities.dtypes)
+            and self.ops <= set(capabilities.ops)
+            and self.collectives <= set(capabilities.collectives)
+        )
+
+
 # --- status snapshot ---------------------------------------------------------------
 
 
@@ -302,6 +359,7 @@ class _Peer:
     state: PeerState
     last_heard: float
     next_heartbeat: float
+    capabilities: Capabilities | None = None
     echo_seq: int = 0
     groups: set[bytes] = field(default_factory=set)
 
@@ -312,6 +370,7 @@ class _Member:
     node_id: str
     peer: PeerId
     labels: tuple[str, ...]
+    capabilities: Capabilities | None = None
     state: MemberState = MemberState.JOINED
 
 
@@ -330,6 +389,28 @@ class _Group:
 
     def members_bitmap(self) -> bytes:
         return bitmap_from_ranks(set(self.members))
+
+    def current_params(self) -> GroupParams:
+        """The configured parameters, chunk_elements lowered to what every member accepts."""
+        limit = min(
+            (
+                chunk_elements_limit(m.capabilities, self.world_size, self.params.block_elements)
+                for m in self.members.values()
+            ),
+            default=MAX_CHUNK_ELEMENTS,
+        )
+        if self.params.chunk_elements <= limit:
+            return self.params
+        return replace(self.params, chunk_elements=limit)
+
+    def needs(self) -> Needs:
+        dtypes, ops, collectives = set(DType), set(ReduceOp), set(Collective)
+        for member in self.members.values():
+            if member.capabilities is not None:
+                dtypes &= set(member.capabilities.dtypes)
+                ops &= set(member.capabilities.ops)
+                collectives &= set(member.capabilities.collectives)
+        return Needs(frozenset(dtypes), frozenset(ops), frozenset(collectives))
 
 
 class RendezvousMachine:
@@ -391,7 +472,7 @@ class RendezvousMachine:
                 epoch=g.epoch,
                 world_size=g.world_size,
                 max_fan_in=g.max_fan_in,
-                params=g.params,
+                params=g.current_params(),
                 members=tuple(
                     MemberStatus(rank=m.rank, node_id=m.node_id, state=m.state, labels=m.labels)
                     for _, m in sorted(g.members.items())
@@ -428,7 +509,13 @@ class RendezvousMachine:
             return
         state = PeerState.ENDPOINT if event.role is Role.ENDPOINT else PeerState.REGISTERING
         self._peers[event.peer] = _Peer(
-            event.peer, event.node_id, event.role, state, last_heard=now, next_heartbeat=now + self._interval
+            event.peer,
+            event.node_id,
+            event.role,
+            state,
+            last_heard=now,
+            next_heartbeat=now + self._interval,
+            capabilities=event.capabilities,
         )
         self._node_peers[event.node_id] = event.peer
 
@@ -517,7 +604,7 @@ class RendezvousMachine:
             group.secret = self._secret()
         free = [r for r in range(group.world_size) if r not in group.members]
         rank = request.rank if request.rank is not None else free[0]
-        group.members[rank] = _Member(rank, peer.node_id, peer.peer, request.labels)
+        group.members[rank] = _Member(rank, peer.node_id, peer.peer, request.labels, peer.capabilities)
         peer.groups.add(group.group_id)
         accept = JoinAccept(
             group_id=group.group_id,
@@ -525,7 +612,7 @@ class RendezvousMachine:
             world_size=group.world_size,
             epoch=group.epoch,
             group_secret=group.secret,
-            params=group.params,
+            params=group.current_params(),
         )
         out.append(SendMessage(peer.peer, accept))
         self._membership_changed(group, "join", ErrorCode.NO_ERROR, out)
@@ -545,6 +632,13 @@ class RendezvousMachine:
             raise CcoError(ErrorCode.GROUP_FULL, f"all {group.world_size} ranks are taken")
         if request.rank is not None and (request.rank in group.members or request.rank >= group.world_size):
             raise CcoError(ErrorCode.RANK_UNAVAILABLE, f"rank {request.rank} is taken")
+        if chunk_elements_limit(peer.capabilities, group.world_size, group.params.block_elements) < 1:
+            assert peer.capabilities is not None
+            raise CcoError(
+                ErrorCode.MESSAGE_TOO_LARGE,
+                f"a chunk message for world_size {group.world_size} exceeds max_message_size "
+                f"{peer.capabilities.max_message_size}",
+            )
 
     def _leave(self, peer: _Peer, message: Leave, out: list[Command]) -> None:
         group = self._groups.get(message.group_id)
@@ -620,7 +714,8 @@ class RendezvousMachine:
         group.plan = None
 
     def _pool(self, group: _Group) -> list[AggregatorInfo]:
-        """Registered aggregators with the capacity left for ``group``."""
+        """Registered aggregators able to serve ``group``, with the capacity left for it."""
+        params, needs = group.current_params(), group.needs()
         used: dict[str, int] = {}
         for other in self._groups.values():
             if other is not group and other.plan is not None:
@@ -628,6 +723,12 @@ class RendezvousMachine:
                     used[node_id] = used.get(node_id, 0) + 1
         pool = []
         for node_id, info in sorted(self._aggregators.items()):
+            capabilities = self._peers[self._node_peers[node_id]].capabilities
+            limit = chunk_elements_limit(capabilities, group.world_size, params.block_elements)
+            if limit < params.chunk_elements:
+                continue
+            if not needs.met_by(capabilities):
+                continue
             spare = info.capacity - used.get(node_id, 0)
             if spare >= 1:
                 pool.append(AggregatorInfo(node_id, info.address, spare, info.max_fan_in, info.labels))
@@ -651,6 +752,7 @@ class RendezvousMachine:
     def _assign(self, group: _Group, plan: TreePlan, out: list[Command]) -> None:
         group.plan = plan
         group.state = _move(GROUP_TABLE, group.state, "planned")
+        params = group.current_params()
         for placement in plan.aggregators:
             assignment = TreeAssignment(
                 group_id=group.group_id,
@@ -658,7 +760,7 @@ class RendezvousMachine:
                 world_size=group.world_size,
                 expected=placement.expected,
                 children=placement.children,
-                params=group.params,
+                params=params,
                 parent=placement.parent,
             )
             out.append(SendMessage(self._node_peers[placement.node_id], assignment))
@@ -670,7 +772,7 @@ class RendezvousMachine:
                 world_size=group.world_size,
                 expected=bitmap_from_ranks([rank]),
                 children=(),
-                params=group.params,
+                params=params,
                 parent=parent,
             )
             out.append(SendMessage(member.peer, assignment))
@@ -707,6 +809,7 @@ class RendezvousMachine:
 
 
 __all__ = [
+    "CHUNK_HEADER_BOUND",
     "DEFAULT_FAN_IN",
     "DEFAULT_PARAMS",
     "GROUP_TABLE",
@@ -721,9 +824,11 @@ __all__ = [
     "GroupStatus",
     "MemberState",
     "MemberStatus",
+    "Needs",
     "PeerState",
     "RendezvousConfig",
     "RendezvousMachine",
     "RendezvousStatus",
+    "chunk_elements_limit",
     "diagrams",
 ]

@@ -115,7 +115,9 @@ class MachineRunner:
             self._next_inbound += 1
             peer = f"in-{self._next_inbound}-{link.node_id}"
         self._links[peer] = link
-        self.dispatch(PeerConnected(peer=peer, node_id=link.node_id, role=link.role))
+        self.dispatch(
+            PeerConnected(peer=peer, node_id=link.node_id, role=link.role, capabilities=link.capabilities)
+        )
         self._spawn(self._pump(peer, link))
         return peer
 
