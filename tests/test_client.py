@@ -238,3 +238,25 @@ def test_join_rejected_by_the_rendezvous_fails_with_a_typed_error(pki: Path) -> 
             assert all(np.array_equal(r, np.full(3, 2)) for r in results)
 
     run(scenario)
+
+
+def test_a_members_small_max_message_size_lowers_the_groups_chunk_size(pki: Path) -> None:
+    """Capabilities travel from Hello to the rendezvous: a member that accepts only
+    4 KiB messages gets chunks that fit, and the collective still completes exactly."""
+
+    async def scenario() -> None:
+        async with Cluster(pki) as cluster:
+            spec = cluster.spec(2)
+            small = TransportConfig.for_node(pki, "c-1", max_datagram_size=16000, max_message_size=4096)
+            comms = await asyncio.gather(
+                Communicator.join(spec, "c-0", cluster.transport("c-0"), timeout=20),
+                Communicator.join(spec, "c-1", small, timeout=20),
+            )
+            cluster.communicators += comms
+            chunk = cluster.group().params.chunk_elements  # type: ignore[union-attr]
+            assert 0 < chunk < 512 < PARAMS.chunk_elements, chunk
+            data = np.arange(5000, dtype=np.int64) - 2500
+            results = await asyncio.gather(*[c.all_reduce(data) for c in comms])
+            assert all(np.array_equal(r, data * 2) for r in results)
+
+    run(scenario)
