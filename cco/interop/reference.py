@@ -128,8 +128,15 @@ def bfloat16_bits(f32_bits: int) -> int:
     return (f32_bits + 0x7FFF + ((f32_bits >> 16) & 1)) >> 16
 
 
-def elements(dtype: int, data: bytes) -> list[float]:
-    """The application elements of ``data`` (bfloat16: float32 values rounded to bfloat16)."""
+def integers(dtype: int, data: bytes) -> list[int]:
+    """The elements of ``data`` of an integer dtype."""
+    size = INTEGERS[dtype] // 8
+    return [int.from_bytes(data[i : i + size], "little", signed=True) for i in range(0, len(data), size)]
+
+
+def elements(dtype: int, data: bytes) -> list[Any]:
+    """The application elements of ``data``: ints, or floats (bfloat16: float32 values
+    rounded to bfloat16)."""
     if dtype in INTEGERS:
         size = INTEGERS[dtype] // 8
         return [int.from_bytes(data[i : i + size], "little", signed=True) for i in range(0, len(data), size)]
@@ -146,7 +153,7 @@ def pattern(dtype: int, value: float) -> int:
     """The element's bit pattern as a signed integer of its width."""
     bits, fmt = FLOATS[dtype]
     if dtype == 6:
-        raw = struct.unpack("<I", struct.pack("<f", value))[0] >> 16
+        raw = int.from_bytes(struct.pack("<f", value), "little") >> 16
     else:
         raw = int.from_bytes(struct.pack(fmt, value), "little")
     return raw - (1 << bits) if raw >> (bits - 1) else raw

@@ -1048,7 +1048,7 @@ def _reference_wire(v: Vector) -> Vector:
         if form == "PATTERNS":
             if dtype in ref.INTEGERS:
                 bits = ref.INTEGERS[dtype]
-                patterns = [a % (1 << bits) for a in x]
+                patterns = [a % (1 << bits) for a in ref.integers(dtype, from_hex(v["input_bits"]))]
             else:
                 bits = ref.FLOATS[dtype][0]
                 patterns = [ref.pattern(dtype, a) % (1 << bits) for a in x]
