@@ -116,16 +116,6 @@ def test_block_scale_failures_cover_every_attack_on_the_scales() -> None:
         assert (by_name[name]["error_name"], by_name[name]["check"]) == (error, check), name
 
 
-def test_every_block_scaled_vector_cites_an_existing_section() -> None:
-    sections = {
-        v["spec_section"]
-        for name in ("block_scale.json", "block_scale_failures.json")
-        for v in _committed(name)
-    }
-    text = "".join(p.read_text(encoding="utf-8") for p in (ROOT / "spec" / "sections").glob("*.xml"))
-    assert all(f'anchor="{s}"' in text for s in sections), sections
-
-
 def test_payload_md_describes_every_file() -> None:
     text = (ROOT / "interop" / "payload.md").read_text(encoding="utf-8")
     for name in FILES:
