@@ -21,7 +21,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,7 +30,7 @@ import numpy as np
 
 from cco.config import parse_hostport
 from cco.nodes.endpoint import CollectiveRequest, EndpointConfig, EndpointMachine
-from cco.nodes.events import Command, Joined, OperationCompleted, OperationFailed
+from cco.nodes.events import Command, Joined, JoinFailed, OperationCompleted, OperationFailed
 from cco.services.node import NodeService
 from cco.transport import TransportConfig
 from cco.wire.errors import CcoError, ErrorCode
@@ -52,6 +52,10 @@ class GroupSpec:
     labels: tuple[str, ...] = ()
     rendezvous: str = "127.0.0.1:4433"
     rendezvous_id: str = "rendezvous"
+    elastic: bool = False
+    """When members leave or die: strict (False) fails every collective, naming the
+    lost ranks, until :meth:`Communicator.accept_membership`; elastic (True) fails
+    only those in flight and continues over the survivors."""
 
 
 class Communicator:
@@ -62,6 +66,7 @@ class Communicator:
         self._machine = machine
         self.spec = spec
         self._joined: asyncio.Future[Joined] = asyncio.get_running_loop().create_future()
+        self._joined.add_done_callback(_retrieve)
         self._pending: dict[int, asyncio.Future[np.ndarray | None]] = {}
         self._closing = False  # close() has begun (it runs once)
         self._closed = False  # close() is past its barrier: no new collectives
@@ -78,6 +83,7 @@ class Communicator:
                 credential=spec.credential,
                 rank=spec.rank,
                 labels=spec.labels,
+                elastic=spec.elastic,
             )
         )
         service = NodeService(machine, node_id, Role.ENDPOINT, transport)
@@ -109,7 +115,19 @@ class Communicator:
 
     @property
     def world_size(self) -> int:
-        return self.spec.world_size
+        """How many members the group has now (the rendezvous's word, epoch by epoch)."""
+        return len(self._machine.members)
+
+    @property
+    def members(self) -> frozenset[int]:
+        """The ranks of the group's members now; ranks keep their numbers when others leave."""
+        return self._machine.members
+
+    def accept_membership(self) -> frozenset[int]:
+        """Run later collectives over the current members (after a PEER_LOST naming the
+        ranks that left); returns them.  Every surviving rank must call it at the same
+        point of its sequence of collectives."""
+        return self._machine.accept_membership()
 
     @property
     def epoch(self) -> int:
@@ -213,6 +231,11 @@ class Communicator:
         if isinstance(command, Joined):
             if not self._joined.done():
                 self._joined.set_result(command)
+        elif isinstance(command, JoinFailed):
+            if not self._joined.done():
+                self._joined.set_exception(
+                    CcoError(command.code, f"group {command.group_id.hex()}: {command.detail}")
+                )
         elif isinstance(command, OperationCompleted):
             future = self._pending.pop(command.op_id, None)
             if future is not None and not future.done():
@@ -227,6 +250,17 @@ class Communicator:
             if not future.done():
                 future.set_exception(error)
         self._pending.clear()
+
+
+async def _on_loop(function: Callable[[], T]) -> T:
+    """Run ``function`` on the communicator's event loop thread (the machine's only thread)."""
+    return function()
+
+
+def _retrieve(future: asyncio.Future[Joined]) -> None:
+    """Mark a join failure seen even when join() already gave up waiting."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _present(result: np.ndarray | None) -> np.ndarray:
@@ -267,6 +301,14 @@ class BlockingCommunicator:
     @property
     def world_size(self) -> int:
         return self._comm.world_size
+
+    @property
+    def members(self) -> frozenset[int]:
+        return self._comm.members
+
+    def accept_membership(self) -> frozenset[int]:
+        """See :meth:`Communicator.accept_membership`."""
+        return self._call(_on_loop(self._comm.accept_membership))
 
     def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()

@@ -537,6 +537,13 @@ def test_losing_an_endpoint_fails_in_flight_operations_then_the_rest_continue() 
     live = [r for r in range(WORLD) if r != 6]
     d.cluster.run(lambda: all(d.endpoint(GROUP, r).state is SessionState.READY for r in live))
     assert all(d.endpoint(GROUP, r).members == frozenset(live) for r in live)
+    # strict membership: the survivors refuse to reduce over fewer ranks, naming rank 6 ...
+    refused = d.collective(GROUP, {r: CollectiveRequest(kind=Collective.BARRIER) for r in live})
+    for outcome in refused.values():
+        assert isinstance(outcome, OperationFailed) and outcome.error.code is ErrorCode.PEER_LOST
+        assert outcome.error.missing_ranks == frozenset({6}) and "ranks {6} left" in str(outcome.error)
+    # ... until the application accepts the new membership
+    assert all(d.endpoint(GROUP, r).accept_membership() == frozenset(live) for r in live)
     data = {r: np.full(3, 7 * r, np.int32) for r in live}
     results = d.collective(
         GROUP,
@@ -574,9 +581,12 @@ def test_a_member_leaving_starts_a_new_epoch() -> None:
         )
     )
     data = {r: np.full(2, r, np.int32) for r in live}
-    result = identical(
-        d.collective(GROUP, {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=data[r]) for r in live})
-    )
+    requests = {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=data[r]) for r in live}
+    for outcome in d.collective(GROUP, requests).values():  # never silently over seven ranks
+        assert isinstance(outcome, OperationFailed) and outcome.error.missing_ranks == frozenset({7})
+    for r in live:
+        d.endpoint(GROUP, r).accept_membership()
+    result = identical(d.collective(GROUP, requests))
     assert result is not None and result.tolist() == [sum(live)] * 2
 
 

@@ -418,8 +418,15 @@ def test_epoch_change_fails_in_flight_operations_naming_lost_ranks() -> None:
         error.code is ErrorCode.PEER_LOST and error.missing_ranks == frozenset({2}) and error.op_id == op_id
     )
     assert rig.machine.state is SessionState.REPLANNING
+    assert rig.machine.members == {0, 1, 3} and rig.machine.accepted_members == {0, 1, 2, 3}
+    # strict membership: nothing runs over fewer ranks until the application accepts them
+    refused, out = rig.start(int_request([4, 4, 4, 4]))
+    (error,) = failures(out)
+    assert refused == op_id + 1 and error.code is ErrorCode.PEER_LOST and error.missing_ranks == {2}
+    assert "ranks {2} left" in str(error) and sent(out) == []
+    assert rig.machine.accept_membership() == {0, 1, 3}
     next_op, out = rig.start(int_request([4, 4, 4, 4]))  # queued until the new tree is up
-    assert next_op == op_id + 1 and sent(out) == []
+    assert next_op == op_id + 2 and sent(out) == []
     out = rig.rendezvous(tree(epoch=2))  # same parent, still connected
     assert rig.machine.state is SessionState.READY
     (contribution,) = sent(out, rig.parent, Contribution)
@@ -430,6 +437,34 @@ def test_epoch_change_fails_in_flight_operations_naming_lost_ranks() -> None:
     (completed,) = rig.from_parent(three)
     assert isinstance(completed, OperationCompleted) and completed.result is not None
     assert completed.result.tolist() == [4 + 0 + 3] * 4
+
+
+def test_elastic_sessions_accept_the_new_membership_at_the_epoch_change() -> None:
+    rig = Rig(
+        machine=EndpointMachine(
+            EndpointConfig(group_id=GROUP, world_size=WORLD, credential=b"pw", rank=RANK, elastic=True)
+        )
+    )
+    rig.join()
+    rig.start(int_request([1, 2]))
+    change = EpochChange(
+        group_id=GROUP, epoch=2, members=bitmap_from_ranks([0, 1, 3]), code=ErrorCode.PEER_LOST
+    )
+    (error,) = failures(rig.rendezvous(change))  # the operation in flight still fails: the news
+    assert error.code is ErrorCode.PEER_LOST and error.missing_ranks == frozenset({2})
+    assert rig.machine.accepted_members == {0, 1, 3}
+    rig.rendezvous(tree(epoch=2))
+    _, out = rig.start(int_request([6, 6, 6, 6], op=ReduceOp.AVG))
+    (contribution,) = sent(out, rig.parent, Contribution)
+    three = payload.combine(
+        [contribution, *[c for c in others(contribution) if c.contributors != bitmap_from_ranks([2])]], Result
+    )
+    (completed,) = rig.from_parent(three)
+    assert isinstance(completed, OperationCompleted) and completed.result is not None
+    assert completed.result.tolist() == [(6 + 0 + 3) // 3] * 4  # AVG over the three members
+    with pytest.raises(CcoError) as info:  # slices of a shrunken group are not defined
+        rig.start(CollectiveRequest(kind=Collective.ALL_GATHER, array=np.zeros(2, np.int32)))
+    assert info.value.code is ErrorCode.UNSUPPORTED_FEATURE
 
 
 def test_average_divides_by_members() -> None:

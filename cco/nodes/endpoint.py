@@ -47,6 +47,7 @@ from cco.nodes.events import (
     ConnectTo,
     Input,
     Joined,
+    JoinFailed,
     MessageMalformed,
     MessageReceived,
     OperationCompleted,
@@ -264,6 +265,15 @@ class EndpointConfig:
     ``early_limit`` bounds the chunks kept for operations this rank has not started
     yet (a broadcast root may run ahead of a receiver); ``retry_interval`` is the
     pause before dialling a lost parent again.
+
+    ``elastic`` chooses what happens when members leave or die.  By default
+    (strict) the operations in flight fail naming the lost ranks, and so does every
+    later operation until the application calls
+    :meth:`EndpointMachine.accept_membership`: nothing is ever computed over fewer
+    ranks than the caller agreed to.  With ``elastic`` the new membership is
+    accepted at the epoch change itself: the operations in flight still fail (that
+    failure is how the application learns the new members), later ones run over the
+    survivors, and AVG divides by their number.
     """
 
     group_id: bytes
@@ -273,6 +283,7 @@ class EndpointConfig:
     labels: tuple[str, ...] = ()
     early_limit: int = 1 << 16
     retry_interval: float = 1.0
+    elastic: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -409,6 +420,7 @@ class EndpointMachine:
         self._world_size = config.world_size
         self._epoch = 0
         self._members: frozenset[int] = frozenset()
+        self._accepted: frozenset[int] = frozenset()
         self._params: GroupParams | None = None
         self._keys: payload.GroupKeys | None = None
         self._assignment: TreeAssignment | None = None
@@ -438,7 +450,18 @@ class EndpointMachine:
 
     @property
     def members(self) -> frozenset[int]:
+        """The group's members in the current epoch, as the rendezvous announced them."""
         return self._members
+
+    @property
+    def accepted_members(self) -> frozenset[int]:
+        """The members collectives run over: the group at join, or as last accepted."""
+        return self._accepted
+
+    def accept_membership(self) -> frozenset[int]:
+        """Accept the current membership: later collectives run over these ranks."""
+        self._accepted = self._members
+        return self._accepted
 
     @property
     def group_id(self) -> bytes:
@@ -476,11 +499,22 @@ class EndpointMachine:
         scaled = form(request.kind, op, dtype) is Form.BLOCK_SCALED
         width = self._wire_width(request, dtype, op, scaled)
         limit = blockscale.sum_limit(width, self._world_size) if scaled else 0
+        if self._members != self._world and request.kind in (
+            Collective.ALL_GATHER,
+            Collective.REDUCE_SCATTER,
+        ):
+            raise CcoError(
+                ErrorCode.UNSUPPORTED_FEATURE,
+                f"{request.kind.name} needs every rank of {self._world_size}; "
+                f"members are {ranks_text(self._members)}",
+            )
         sending = request.kind is not Collective.BROADCAST or root == self._rank
         shape = array.shape if array is not None else None
         scale_id = self._next_op_id if scaled else None
         self._next_op_id += 1 if scale_id is None else 2
         op_id = self._next_op_id - 1
+        if self._members != self._accepted:
+            return op_id, [OperationFailed(op_id, self._membership_error(op_id, request.kind))]
         timeout = request.timeout if request.timeout is not None else self._default_timeout()
         source = self._source(array) if sending else None
         placed = self._placement(request.kind, dtype, source)
@@ -521,6 +555,28 @@ class EndpointMachine:
         if operation.state not in _FINISHED:
             out += self._pump(now)
         return op_id, out
+
+    @property
+    def _world(self) -> frozenset[int]:
+        return frozenset(range(self._world_size))
+
+    def _membership_error(self, op_id: int, kind: Collective) -> OperationError:
+        """Why an operation cannot run: the members changed and were not accepted."""
+        lost, joined = self._accepted - self._members, self._members - self._accepted
+        changes = [f"ranks {ranks_text(lost)} left"] if lost else []
+        changes += [f"ranks {ranks_text(joined)} joined"] if joined else []
+        detail = (
+            f"the membership changed in epoch {self._epoch} ({', '.join(changes)}): accept the new "
+            f"membership ({ranks_text(self._members)}) to run collectives over it"
+        )
+        return OperationError(
+            ErrorCode.PEER_LOST,
+            detail,
+            group_id=self.config.group_id,
+            op_id=op_id,
+            kind=kind,
+            missing_ranks=lost,
+        )
 
     def _begin(self, operation: _Operation, now: float) -> list[Command]:
         """Register an operation and replay what arrived for it before it started."""
@@ -646,9 +702,12 @@ class EndpointMachine:
         )
 
     def _lose_rendezvous(self, why: str) -> list[Command]:
+        joining = self._state in (SessionState.IDLE, SessionState.JOINING)
         if not self._session_event(RENDEZVOUS_LOST):
             return []
         out: list[Command] = []
+        if joining:
+            out.append(JoinFailed(self.config.group_id, ErrorCode.PEER_LOST, why))
         if self._rendezvous is not None:
             out.append(ClosePeer(self._rendezvous, ErrorCode.PEER_LOST, why))
             self._rendezvous = None
@@ -696,14 +755,22 @@ class EndpointMachine:
         if isinstance(message, JoinAccept):
             return self._on_accept(message, now)
         if isinstance(message, JoinReject):
-            return [ClosePeer(self._rendezvous, message.code, f"join rejected: {message.detail}")]
+            why = f"join rejected: {message.detail}"
+            return [
+                JoinFailed(self.config.group_id, message.code, why),
+                ClosePeer(self._rendezvous, message.code, why),
+            ]
         if isinstance(message, TreeAssignment):
             return self._on_tree(message, name, now)
         if isinstance(message, EpochChange):
             return self._on_epoch_change(message)
         if self._state is SessionState.REJECTED:  # an Error answered the JoinRequest
             assert isinstance(message, Error)
-            return [ClosePeer(self._rendezvous, message.code, f"join refused: {message.detail}")]
+            why = f"join refused: {message.detail}"
+            return [
+                JoinFailed(self.config.group_id, message.code, why),
+                ClosePeer(self._rendezvous, message.code, why),
+            ]
         return []  # Heartbeat or a report: liveness already noted
 
     def _on_accept(self, message: JoinAccept, now: float) -> list[Command]:
@@ -711,6 +778,7 @@ class EndpointMachine:
         self._world_size = message.world_size
         self._epoch = message.epoch
         self._members = frozenset(range(message.world_size))
+        self._accepted = self._members
         self._params = message.params
         self._keys = payload.derive_group_keys(message.group_secret, message.group_id)
         self._next_heartbeat = now + self._heartbeat_interval
@@ -742,6 +810,8 @@ class EndpointMachine:
         members = ranks_from_bitmap(message.members)
         lost = self._members - members
         self._members = members
+        if self.config.elastic:
+            self._accepted = members
         self._epoch = message.epoch
         why = (
             f"epoch changed to {message.epoch} ({message.code.name}); ranks {ranks_text(lost)} left"
