@@ -30,6 +30,7 @@ from cco.transport.config import MIN_DATAGRAM_SIZE, TransportConfig
 from cco.transport.connection import CcoQuicConnection
 from cco.transport.handshake import LocalIdentity
 from cco.transport.link import LinkProtocol, PeerLink
+from cco.transport.udp import open_udp
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.registries import ALPN
 
@@ -253,10 +254,8 @@ async def serve(
     diagnostics = _Diagnostics(config)
     try:
         quic_config = _quic_configuration(config, local, is_client=False, diagnostics=diagnostics)
-        loop = asyncio.get_running_loop()
-        udp, server = await loop.create_datagram_endpoint(
-            lambda: Server(config, local, on_connection, quic_config, diagnostics), local_addr=(host, port)
-        )
+        server = Server(config, local, on_connection, quic_config, diagnostics)
+        udp = await open_udp(server, host, port)
         size_socket_buffers(udp, config.socket_buffer)
     except BaseException:
         diagnostics.close()
@@ -288,9 +287,8 @@ async def connect(
             configuration=quic_config, receive_window=config.receive_window, expected_node_id=expected_node_id
         )
         wildcard = "::" if family == socket.AF_INET6 else "0.0.0.0"
-        transport, protocol = await loop.create_datagram_endpoint(
-            lambda: LinkProtocol(quic, config=config, local=local), local_addr=(wildcard, 0)
-        )
+        protocol = LinkProtocol(quic, config=config, local=local)
+        transport = await open_udp(protocol, wildcard, 0, family=family)
         size_socket_buffers(transport, config.socket_buffer)
     except BaseException:
         diagnostics.close()

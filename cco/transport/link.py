@@ -19,9 +19,10 @@ open.  The mapping onto QUIC (draft section "QUIC Mapping"):
 * Connection close carries the :class:`ErrorCode` as the application error code.
 
 **Transmission.**  Writing only queues data in the QUIC connection.  All datagrams
-leave through :meth:`LinkProtocol.transmit`; our own writes reach it through
-:meth:`LinkProtocol._schedule_transmit`, which coalesces a burst of ``send()`` calls
-into one transmit on the next loop iteration.
+leave through :meth:`LinkProtocol.transmit`; our own writes and received datagrams
+reach it through :meth:`LinkProtocol._schedule_transmit`, which coalesces a burst of
+``send()`` calls, or of datagrams read in one batch, into one transmit on the next
+loop iteration.
 
 **Flow control.**  Received messages are decoded at once and queued until the
 application calls :meth:`PeerLink.receive`.  When the queued bytes exceed
@@ -314,7 +315,13 @@ class LinkProtocol(QuicConnectionProtocol):
     # --- QUIC side ----------------------------------------------------------------
 
     def datagram_received(self, data: bytes | str, addr: tuple[object, ...]) -> None:
-        super().datagram_received(data, addr)
+        # Unlike aioquic's protocol, no transmit() per datagram: the one scheduled
+        # here runs after the whole batch the UDP transport is delivering
+        # (cco.transport.udp), so a burst of datagrams costs one transmit.
+        assert isinstance(data, bytes)
+        self._quic.receive_datagram(data, addr, now=self._loop.time())
+        self._process_events()
+        self._schedule_transmit()
         termination = self._cco.termination
         if termination is not None and self._close_reason is None:
             self._mark_closed(*describe_termination(termination))  # the peer closed
