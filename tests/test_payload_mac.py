@@ -52,19 +52,31 @@ def reference_pad(chunk_id: bytes, rank: int) -> int:
     return (int.from_bytes(digest[:8], "little") % 2**61) % P
 
 
-def header(n: int = 5, *, root: int | None = None, kind: Collective = Collective.ALL_REDUCE) -> ChunkHeader:
+def header(
+    n: int = 5,
+    *,
+    root: int | None = None,
+    kind: Collective = Collective.ALL_REDUCE,
+    dtype: DType = DType.FLOAT32,
+    width: int = 4,
+) -> ChunkHeader:
+    """A float32 SUM chunk (block-scaled: width 4, one block of 16 at scale -3), or of
+    another kind or dtype (then without block scaling)."""
+    scaled = kind is Collective.ALL_REDUCE and dtype is DType.FLOAT32
     return ChunkHeader(
         group_id=GROUP,
         epoch=2**40 + 1,
         op_id=77,
         kind=kind,
         op=ReduceOp.SUM,
-        dtype=DType.FLOAT32,
-        scale=-3 if kind is Collective.ALL_REDUCE else 0,
+        dtype=dtype,
         total_elements=n,
         chunk_elements=n,
         chunk_index=0,
         root=root,
+        width=width if scaled else None,
+        block_elements=16 if scaled else None,
+        scales=(-3).to_bytes(2, "little", signed=True) * (-(-n // 16)) if scaled else None,
     )
 
 
@@ -78,13 +90,30 @@ def test_keys_are_hkdf_sha256_and_never_printed() -> None:
 
 
 def test_chunk_id_is_the_deterministic_cbor_array_of_the_header() -> None:
-    # 8b = array(11); 50 = bstr(16); 1b = uint64; 18 4d = uint8 77; 01 01 07; 22 = -3; 05 05 00; f6 = null
+    # 8b = array(11); 50 = bstr(16); 1b = uint64; 18 4d = uint8 77; 01 01 07 = kind, op, dtype;
+    # scaling 83 04 10 42fdff = [width 4, block_elements 16, scales h'fdff' (-3)]; 05 05 00; f6 = null root
     expected = bytes.fromhex(
-        "8b50" + GROUP.hex() + "1b0000010000000001" + "184d" + "010107" + "22" + "050500" + "f6"
+        "8b50" + GROUP.hex() + "1b0000010000000001" + "184d" + "010107" + "83041042fdff" + "050500" + "f6"
     )
     assert header().chunk_id() == expected
+    # Without block scaling the seventh place is null: 01 01 03 = ALL_REDUCE SUM INT32, f6.
+    unscaled = header(dtype=DType.INT32).chunk_id()
+    assert unscaled == bytes.fromhex(
+        "8b50" + GROUP.hex() + "1b0000010000000001" + "184d" + "010103" + "f6" + "050500" + "f6"
+    )
     with_root = header(root=300, kind=Collective.REDUCE).chunk_id()
-    assert with_root.endswith(bytes.fromhex("19012c")) and with_root[1:] != expected[1:]
+    assert with_root.endswith(bytes.fromhex("f605050019012c")) and with_root[1:] != expected[1:]
+
+
+def test_width_block_elements_and_scales_are_part_of_the_chunk_id() -> None:
+    base = header(20)
+    ids = {
+        base.chunk_id(),
+        dataclasses.replace(base, width=8).chunk_id(),
+        dataclasses.replace(base, block_elements=17).chunk_id(),
+        dataclasses.replace(base, scales=bytes.fromhex("fdfffcff")).chunk_id(),
+    }
+    assert len(ids) == 4
 
 
 def test_coefficients_and_pads_follow_their_definitions() -> None:
@@ -136,34 +165,83 @@ def test_inner_product_is_exact_across_blocks_at_the_extremes(n: int, width: int
 
 def test_a_contribution_tag_is_inner_product_plus_pad() -> None:
     make = header()
-    values = np.array([3, -1, 0, 2**20, -(2**31)], dtype=np.int64)
+    values = np.array([3, -1, 0, 2**20, -(2**31), 1], dtype=np.int64)  # five elements, one attestation
     sealed = seal(KEYS, make, 6, values)
     chunk_id = make.chunk_id()
     assert sealed.tag == (reference_inner(chunk_id, values.tolist()) + reference_pad(chunk_id, 6)) % P
     assert sealed.width == 4 and sealed.contributors == b"\x40"
+    assert sealed.scales == make.scales and sealed.block_elements == 16
     assert isinstance(sealed, Contribution)
     assert ChunkHeader.of(sealed) == make
     assert encode_message(seal(KEYS, make, 6, values)) == encode_message(sealed)  # deterministic
     again = decode_message(encode_message(seal(KEYS, make, 6, values, PartialAggregate)))
     assert isinstance(again, PartialAggregate) and again.tag == sealed.tag
+    # An unscaled chunk: the same rule over its elements alone, at the smallest width.
+    plain = header(dtype=DType.INT32)
+    small = np.array([3, -1, 0, 100, -128], dtype=np.int64)
+    sealed = seal(KEYS, plain, 6, small)
+    assert sealed.width == 1 and sealed.scales is None and sealed.block_elements is None
+    assert (
+        sealed.tag
+        == (reference_inner(plain.chunk_id(), small.tolist()) + reference_pad(plain.chunk_id(), 6)) % P
+    )
+
+
+@pytest.mark.parametrize("width", [1, 2, 4, 8])
+def test_a_block_scaled_chunk_is_sealed_at_its_fixed_width(width: int) -> None:
+    make = header(width=width)
+    top = 2 ** (8 * width - 1) - 1 if width < 8 else RANGE_BOUND
+    values = np.array([0, 1, -1, top, -top, 1], dtype=np.int64)
+    sealed = seal(KEYS, make, 2, values)
+    assert sealed.width == width and len(sealed.payload) == 6 * width
+    assert np.frombuffer(sealed.payload, dtype=f"<i{width}").tolist() == values.tolist()
+    chunk_id = make.chunk_id()
+    assert sealed.tag == (reference_inner(chunk_id, values.tolist()) + reference_pad(chunk_id, 2)) % P
+    small = seal(KEYS, make, 2, np.array([0, 0, 0, 0, 0, 1], dtype=np.int64))
+    assert small.width == width  # never narrowed
+    with pytest.raises(CcoError) as caught:
+        seal(KEYS, make, 2, np.array([0, 0, 0, 0, top + 1, 1], dtype=np.int64))
+    assert caught.value.code is ErrorCode.OVERFLOW
 
 
 def test_seal_refuses_bad_input() -> None:
     make = header()
-    for bad in (np.zeros(4, dtype=np.int64), np.zeros(5, dtype=np.int32), np.zeros((5, 1), dtype=np.int64)):
+    bad_inputs = (
+        np.zeros(5, dtype=np.int64),  # the elements without their attestation
+        np.zeros(6, dtype=np.int32),
+        np.zeros((6, 1), dtype=np.int64),
+    )
+    for bad in bad_inputs:
         with pytest.raises(CcoError) as caught:
             seal(KEYS, make, 0, bad)
         assert caught.value.code is ErrorCode.INVALID_FIELD
+    for plain in (header(dtype=DType.INT64), header(width=8)):
+        with pytest.raises(CcoError) as caught:
+            seal(
+                KEYS,
+                plain,
+                0,
+                np.array([0, 0, 0, 0, RANGE_BOUND + 1, 1][: plain.integer_count], dtype=np.int64),
+            )
+        assert caught.value.code is ErrorCode.OVERFLOW
     with pytest.raises(CcoError) as caught:
-        seal(KEYS, make, 0, np.array([0, 0, 0, 0, RANGE_BOUND + 1], dtype=np.int64))
-    assert caught.value.code is ErrorCode.OVERFLOW
-    with pytest.raises(CcoError) as caught:
-        seal(KEYS, make, 1 << 16, np.zeros(5, dtype=np.int64))
+        seal(KEYS, make, 1 << 16, np.zeros(6, dtype=np.int64))
     assert caught.value.code is ErrorCode.INVALID_FIELD
-    bitwise_float = dataclasses.replace(make, op=ReduceOp.BOR, scale=0)
-    with pytest.raises(CcoError) as caught:
-        seal(KEYS, bitwise_float, 0, np.zeros(5, dtype=np.int64))
-    assert caught.value.code is ErrorCode.UNSUPPORTED_FEATURE
+    unscaled = {"width": None, "block_elements": None, "scales": None}
+    for bitwise_float in (
+        dataclasses.replace(make, op=ReduceOp.BOR),
+        dataclasses.replace(make, op=ReduceOp.BOR, **unscaled),
+    ):
+        with pytest.raises(CcoError) as caught:
+            seal(KEYS, bitwise_float, 0, np.zeros(5, dtype=np.int64))
+        assert caught.value.code is ErrorCode.UNSUPPORTED_FEATURE
+    for mismatched in (
+        dataclasses.replace(make, **unscaled),
+        dataclasses.replace(header(dtype=DType.INT32), width=4),
+    ):
+        with pytest.raises(CcoError) as caught:
+            seal(KEYS, mismatched, 0, np.zeros(mismatched.integer_count, dtype=np.int64))
+        assert caught.value.code is ErrorCode.INVALID_FIELD
     broadcast_max = dataclasses.replace(header(root=0, kind=Collective.BROADCAST), op=ReduceOp.MAX)
     with pytest.raises(CcoError) as caught:
         seal(KEYS, broadcast_max, 0, np.zeros(5, dtype=np.int64))
