@@ -359,6 +359,8 @@ def _install_cleanup() -> None:
 
 RENDEZVOUS_PORT = 4433
 AGGREGATOR_PORT = 4500
+RELAY_PORT = 4600
+RELAY = Path(__file__).resolve().parent / "relay.py"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -369,10 +371,20 @@ class CcoSettings:
     chunk_elements: int | None = None
     window: int | None = None
     operation_timeout_ms: int | None = None
+    heartbeat_ms: int | None = None
     log_level: str = "info"
+    wan_delay_ms: float = 0.0
+    """One-way delay added each way between endpoints and aggregator (``relay.py``)."""
+    wan_loss: float = 0.0
+    """Loss probability each way between endpoints and aggregator (``relay.py``)."""
+
+    @property
+    def wan(self) -> bool:
+        return self.wan_delay_ms > 0 or self.wan_loss > 0
 
     def rendezvous_args(self) -> list[str]:
         args = _flag("chunk-elements", self.chunk_elements) + _flag("window", self.window)
+        args += _flag("heartbeat-ms", self.heartbeat_ms)
         return args + _flag("operation-timeout-ms", self.operation_timeout_ms)
 
     def common_args(self) -> list[str]:
@@ -421,8 +433,10 @@ class CcoCluster:
         self._services: list[tuple[str, subprocess.Popen[Any]]] = []
         self._runs = 0
 
-    def _spawn(self, namespace: str | None, name: str, args: list[str]) -> subprocess.Popen[Any]:
-        argv = [sys.executable, "-m", "cco.cli", *args]
+    def _spawn(
+        self, namespace: str | None, name: str, args: list[str], program: list[str] | None = None
+    ) -> subprocess.Popen[Any]:
+        argv = [*(program or [sys.executable, "-m", "cco.cli"]), *args]
         log = open(self.workdir / f"{name}.log", "w")  # noqa: SIM115 - the child owns it
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         kwargs: dict[str, Any] = {"stdout": log, "stderr": subprocess.STDOUT, "env": env}
@@ -437,13 +451,16 @@ class CcoCluster:
         path = self.workdir / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
-    def tail(self, name: str, lines: int = 4) -> str:
-        return " | ".join(self.log(name).strip().splitlines()[-lines:]) or "(no output)"
+    def tail(self, name: str, width: int = 240) -> str:
+        """The node's own one-line error if it printed one, else its last log line; cut to ``width``."""
+        lines = self.log(name).strip().splitlines() or ["(no output)"]
+        errors = [line for line in lines if line.startswith("cco-node:")]
+        line = (errors or lines)[-1]
+        return line if len(line) <= width else line[: width - 3] + "..."
 
     def start(self, timeout: float = 60.0) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         nodes = ["rendezvous:rendezvous", "agg-0:aggregator"]
-        nodes += [f"ep-{i}:endpoint" for i in range(self.endpoints)]
         _run([sys.executable, "-m", "cco.cli", "certs", "--dir", str(self.pki), *nodes])
         hub = self.star.hub_ns if self.star is not None else None
         common = ["--pki-dir", str(self.pki), *self.settings.common_args()]
@@ -460,13 +477,30 @@ class CcoCluster:
         self.rendezvous = rendezvous
         aggregator_args = ["--role", "aggregator", "--node-id", "agg-0", "--listen", listen]
         aggregator_args += ["--rendezvous", rendezvous, "--max-fan-in", str(self.endpoints)]
+        if self.settings.wan:
+            # Endpoints are told the relay's address; the relay forwards to the aggregator.
+            relayed = f"{self.host}:{RELAY_PORT if hub else _free_port()}"
+            relay_args = [
+                "--listen",
+                relayed,
+                "--target",
+                listen,
+                "--delay-ms",
+                str(self.settings.wan_delay_ms),
+            ]
+            relay_args += ["--loss", str(self.settings.wan_loss)]
+            self._services.append(
+                ("relay", self._spawn(hub, "relay", relay_args, [sys.executable, str(RELAY)]))
+            )
+            self._wait_listening("relay", timeout, "relaying")
+            aggregator_args += ["--advertise", relayed]
         self._services.append(("agg-0", self._spawn(hub, "agg-0", [*aggregator_args, *common])))
         self._wait_listening("agg-0", timeout)
 
-    def _wait_listening(self, name: str, timeout: float) -> None:
+    def _wait_listening(self, name: str, timeout: float, needle: str = "listening") -> None:
         process = dict(self._services)[name]
         deadline = time.monotonic() + timeout
-        while "listening" not in self.log(name):
+        while needle not in self.log(name):
             if process.poll() is not None:
                 raise NetnsError(f"{name} exited with {process.returncode}: {self.tail(name)}")
             if time.monotonic() > deadline:
@@ -481,11 +515,16 @@ class CcoCluster:
         """
         self._runs += 1
         group_id = os.urandom(16).hex()
+        # Fresh node ids per run: an endpoint that exits without closing its rendezvous
+        # connection keeps its id "already connected" there for up to 3 heartbeats.
+        node_ids = [f"r{self._runs}-ep-{i}" for i in range(self.endpoints)]
+        certs = ["certs", "--dir", str(self.pki), *(f"{node}:endpoint" for node in node_ids)]
+        _run([sys.executable, "-m", "cco.cli", *certs])
         started = time.perf_counter()
         processes = []
         for i in range(self.endpoints):
             name = f"run{self._runs}-ep-{i}"
-            args = ["--role", "endpoint", "--node-id", f"ep-{i}", "--pki-dir", str(self.pki)]
+            args = ["--role", "endpoint", "--node-id", node_ids[i], "--pki-dir", str(self.pki)]
             args += ["--rendezvous", self.rendezvous, "--group-id", group_id, "--rank", str(i)]
             args += ["--world-size", str(self.endpoints), "--workload", "allreduce"]
             args += ["--rounds", str(rounds), "--elements", str(elements)]

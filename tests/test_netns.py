@@ -5,23 +5,28 @@ rendezvous and the aggregator, veth links at MTU 9000 shaped with tbf each way; 
 ``cco-node`` processes do two rounds of a 64 KiB float32 all-reduce.  Every rank must
 finish (an endpoint exits non-zero if any result fails verification), report the same
 digest for each round, and its bytes must have crossed its own shaped link both ways.
-Skipped, with the reason, where network namespaces are not permitted.
+The namespace tests are skipped, with the reason, where namespaces are not permitted;
+the tbf sizing and the delay/loss relay are checked everywhere.
 """
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import netns  # benchmarks/ is not a package: found through the path set above
+import relay
 
 REASON = netns.unavailable_reason()
-pytestmark = pytest.mark.skipif(REASON is not None, reason=f"namespace testbed unavailable: {REASON}")
+needs_namespaces = pytest.mark.skipif(REASON is not None, reason=f"namespace testbed unavailable: {REASON}")
 
 ENDPOINTS = 4
 ELEMENTS = 16384  # 64 KiB of float32 per rank
@@ -39,6 +44,7 @@ def test_tbf_sizes_pass_jumbo_frames_and_queue_bursts() -> None:
         netns.tbf_sizes(0, 1500)
 
 
+@needs_namespaces
 @pytest.mark.timeout(120)
 def test_allreduce_across_the_star(tmp_path: Path) -> None:
     spec = netns.StarSpec(endpoints=ENDPOINTS, rate_mbit=100, mtu=9000, base="ccotest")
@@ -65,6 +71,7 @@ def test_allreduce_across_the_star(tmp_path: Path) -> None:
         assert link["down_bytes"] > ROUNDS * ELEMENTS * 4
 
 
+@needs_namespaces
 def test_leftovers_of_a_dead_owner_are_removed() -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -75,3 +82,53 @@ def test_leftovers_of_a_dead_owner_are_removed() -> None:
         assert name not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     finally:
         subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+
+
+class _Echo(asyncio.DatagramProtocol):
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.DatagramTransport, transport)
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        self.transport.sendto(data, addr)
+
+
+async def _round_trip(profile: relay.Profile) -> tuple[float | None, relay.Counters]:
+    """Send one datagram through a relay to an echo server; seconds until it returns."""
+    loop = asyncio.get_running_loop()
+    echo, _ = await loop.create_datagram_endpoint(_Echo, local_addr=("127.0.0.1", 0))
+    target = echo.get_extra_info("sockname")[:2]
+    port = netns._free_port()
+    running = await relay.start(("127.0.0.1", port), target, profile)
+    replies: asyncio.Queue[bytes] = asyncio.Queue()
+    client, _ = await loop.create_datagram_endpoint(
+        lambda: _Collect(replies), remote_addr=("127.0.0.1", port)
+    )
+    try:
+        start = time.perf_counter()
+        client.sendto(b"ping")
+        try:
+            assert await asyncio.wait_for(replies.get(), 2) == b"ping"
+        except TimeoutError:
+            return None, running.counters
+        return time.perf_counter() - start, running.counters
+    finally:
+        client.close()
+        running.close()
+        echo.close()
+
+
+class _Collect(asyncio.DatagramProtocol):
+    def __init__(self, queue: asyncio.Queue[bytes]) -> None:
+        self.queue = queue
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        self.queue.put_nowait(data)
+
+
+def test_relay_adds_delay_each_way_and_drops() -> None:
+    seconds, counters = asyncio.run(_round_trip(relay.Profile(delay_ms=40)))
+    assert seconds is not None and seconds >= 0.080
+    assert (counters.forwarded_up, counters.forwarded_down, counters.clients) == (1, 1, 1)
+    seconds, counters = asyncio.run(_round_trip(relay.Profile(loss=1.0)))
+    assert seconds is None
+    assert (counters.forwarded_up, counters.dropped_up) == (0, 1)
