@@ -56,7 +56,8 @@ TAMPERING = [
     ("block_scale.json", 1, ["chunks", 0, "contributions", 0, "attestations", 0], 0),
     ("block_scale.json", 3, ["output_bits"], "00" * 80),
     ("block_scale.json", 0, ["chunks", 1, "key_m"], "00" * 32),
-    ("block_scale.json", 2, ["scale_pass", "result", "values", 0], -2),
+    ("block_scale.json", 2, ["scale_pass", 0, "result", "values", 0], -2),
+    ("block_scale.json", 5, ["scale_pass", 1, "contributions", 1, "values", 0], 3),
     ("block_scale_failures.json", 4, ["check"], "tag"),
     ("block_scale_failures.json", 5, ["error_code"], 0x20),
 ]

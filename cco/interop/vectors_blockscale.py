@@ -170,25 +170,39 @@ def operation_vector(o: Operation) -> Vector:
             ]
         )
     k_total = len(proposals[0])
-    assert k_total <= o.chunk_elements, "the scale pass fits one chunk"
 
-    # The scale pass: op_id k, an ordinary INT16 MIN all-reduce of the proposals.
-    scale_header = ChunkHeader(
-        group_id=GROUP_ID,
-        epoch=EPOCH,
-        op_id=o.op_id,
-        kind=Collective.ALL_REDUCE,
-        op=ReduceOp.MIN,
-        dtype=DType.INT16,
-        total_elements=k_total,
-        chunk_elements=o.chunk_elements,
-        chunk_index=0,
-    )
-    scale_parts = {r: seal(keys, scale_header, r, proposals[r].astype(np.int64)) for r in ranks}
-    _, scale_result = _tree(scale_parts, o.groups)
-    # Every rank checks the scale pass like any MIN result (bitmap, consistency).
-    verified_scales = [open_verified(keys, scale_result, frozenset(ranks), (r, proposals[r])) for r in ranks]
-    agreed = verified_scales[0]
+    # The scale pass: op_id k, an ordinary INT16 MIN all-reduce of the proposals,
+    # chunked like any operation.  Every rank checks each of its Results like any MIN
+    # result (bitmap, consistency with its own proposals).
+    scale_chunks = []
+    agreed_parts = []
+    for index in range(chunk_count(k_total, o.chunk_elements)):
+        first = index * o.chunk_elements
+        last = first + chunk_length(k_total, o.chunk_elements, index)
+        scale_header = ChunkHeader(
+            group_id=GROUP_ID,
+            epoch=EPOCH,
+            op_id=o.op_id,
+            kind=Collective.ALL_REDUCE,
+            op=ReduceOp.MIN,
+            dtype=DType.INT16,
+            total_elements=k_total,
+            chunk_elements=o.chunk_elements,
+            chunk_index=index,
+        )
+        own = {r: proposals[r][first:last].astype(np.int64) for r in ranks}
+        scale_parts = {r: seal(keys, scale_header, r, own[r]) for r in ranks}
+        _, scale_result = _tree(scale_parts, o.groups)
+        accepted = [open_verified(keys, scale_result, frozenset(ranks), (r, own[r])) for r in ranks]
+        agreed_parts.append(accepted[0])
+        scale_chunks.append(
+            {
+                "header": header_json(scale_header),
+                "contributions": [message_json(scale_parts[r]) for r in ranks],
+                "result": message_json(scale_result),
+            }
+        )
+    agreed = np.concatenate(agreed_parts)
 
     # The data operation: op_id k + 1.
     divisor = world if o.op is ReduceOp.AVG else 1
@@ -277,11 +291,7 @@ def operation_vector(o: Operation) -> Vector:
         ],
         "block_maxima": [[repr(m) for m in row] for row in maxima],
         "proposals": [p.tolist() for p in proposals],
-        "scale_pass": {
-            "header": header_json(scale_header),
-            "contributions": [message_json(scale_parts[r]) for r in ranks],
-            "result": message_json(scale_result),
-        },
+        "scale_pass": scale_chunks,
         "agreed_scales": agreed.tolist(),
         "chunks": chunk_vectors,
         "output_bits": decoded.tobytes().hex(),
@@ -374,31 +384,35 @@ def check_operation(v: Vector) -> list[str]:
     scale_of = {p: agreed[b] for b, span in zip(blocks, blocks.values(), strict=True) for p in span}
     block_of = {p: b for b, span in blocks.items() for p in span}
 
-    # The scale pass: an INT16 MIN all-reduce at op_id k, untagged, smallest widths.
-    sp = v["scale_pass"]
+    # The scale pass: an INT16 MIN all-reduce at op_id k, untagged, smallest widths,
+    # chunked like any operation.
     data_op_id = v["chunks"][0]["header"]["op_id"]
-    want_sp_header = {
-        "group_id": v["group_id"],
-        "epoch": v["epoch"],
-        "op_id": data_op_id - 1,
-        "kind": 1,
-        "op": ref.MIN,
-        "dtype": 2,
-        "total_elements": len(agreed),
-        "chunk_elements": v["chunk_elements"],
-        "chunk_index": 0,
-    }
-    if sp["header"] != want_sp_header:
-        problems.append("scale_pass header is not an INT16 MIN all-reduce at op_id k")
-    for r, part in enumerate(sp["contributions"]):
-        if part["values"] != proposals[r] or part["contributors"] != [r]:
-            problems.append(f"scale_pass contribution of rank {r} is not its proposals")
-    if sp["result"]["values"] != agreed or sp["result"]["contributors"] != list(range(n)):
-        problems.append("scale_pass result is not the minimum over every rank")
-    for part in [*sp["contributions"], sp["result"]]:
-        problems += check_chunk(part, sp["header"], None)
-        if "tag" in part["fields"]:
-            problems.append("a scale pass chunk carries a tag")
+    scale_spans = _spans(len(agreed), v["chunk_elements"])
+    if len(v["scale_pass"]) != len(scale_spans):
+        problems.append("scale_pass does not have one chunk per chunk_elements proposals")
+    for index, (sp, (first, last)) in enumerate(zip(v["scale_pass"], scale_spans, strict=False)):
+        want_sp_header = {
+            "group_id": v["group_id"],
+            "epoch": v["epoch"],
+            "op_id": data_op_id - 1,
+            "kind": 1,
+            "op": ref.MIN,
+            "dtype": 2,
+            "total_elements": len(agreed),
+            "chunk_elements": v["chunk_elements"],
+            "chunk_index": index,
+        }
+        if sp["header"] != want_sp_header:
+            problems.append(f"scale_pass chunk {index}: not an INT16 MIN all-reduce at op_id k")
+        for r, part in enumerate(sp["contributions"]):
+            if part["values"] != proposals[r][first:last] or part["contributors"] != [r]:
+                problems.append(f"scale_pass chunk {index}: rank {r}'s contribution is not its proposals")
+        if sp["result"]["values"] != agreed[first:last] or sp["result"]["contributors"] != list(range(n)):
+            problems.append(f"scale_pass chunk {index}: result is not the minimum over every rank")
+        for part in [*sp["contributions"], sp["result"]]:
+            problems += check_chunk(part, sp["header"], None)
+            if "tag" in part["fields"]:
+                problems.append(f"scale_pass chunk {index}: a chunk carries a tag")
 
     # The data operation at op_id k + 1.
     k1, k2 = ref.keys(from_hex(v["group_secret"]), from_hex(v["group_id"]))
@@ -576,6 +590,17 @@ OPERATIONS = [
             [1.0] * 16 + [5e-324] * 16 + _mixed(4, 2),
             [0.1] * 16 + [0.0] * 16 + _mixed(4, 3),
         ],
+    ),
+    Operation(
+        "float32_sum_scale_pass_in_two_chunks",
+        "float32 SUM over 2 ranks at W = 2 bytes with chunks and blocks of 16: 264 elements make 17 "
+        "chunks and 17 blocks, so the scale pass (17 proposals) is itself two chunks, of 16 and 1.",
+        DType.FLOAT32,
+        ReduceOp.SUM,
+        2,
+        16,
+        16,
+        [_mixed(264, 7), _mixed(264, 9)],
     ),
     Operation(
         "float32_reduce_avg_root_1",
