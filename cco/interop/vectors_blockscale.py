@@ -566,13 +566,16 @@ OPERATIONS = [
     Operation(
         "bfloat16_sum_2_ranks_width_8",
         "bfloat16 SUM over 2 ranks at W = 1 byte (opt-in compression): Q = floor(127 / 2) = 63, so "
-        "each block keeps about 6 bits; inputs are float32 values rounded to bfloat16 first.",
+        "each block keeps about 6 bits; inputs are float32 values rounded to bfloat16 first.  Chunks "
+        "of 24 elements are not a multiple of the blocks of 16: blocks count from each chunk's first "
+        "element, so chunk 0 has blocks 0 (16 elements) and 1 (8), and chunk 1 (16 elements) block "
+        "2 = 1 * ceil(24 / 16).",
         DType.BFLOAT16,
         ReduceOp.SUM,
         1,
         16,
-        32,
-        [_mixed(20, 1), _mixed(20, 2)],
+        24,
+        [_mixed(40, 1), _mixed(40, 2)],
     ),
     Operation(
         "float64_sum_4_ranks_width_64",
