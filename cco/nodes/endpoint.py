@@ -217,10 +217,17 @@ RESENT = "chunk sent again"
 BAD_CHUNK = "chunk refused"
 ABORTED = "Abort"
 DEADLINE = "deadline"
-LOST = "epoch change or lost parent"
+LOST = "members lost or session over"
+RESTART = "tree lost"
 
 _O = OperationState
-_ENDINGS = {BAD_CHUNK: _O.FAILED, ABORTED: _O.FAILED, DEADLINE: _O.FAILED, LOST: _O.FAILED}
+_ENDINGS = {
+    BAD_CHUNK: _O.FAILED,
+    ABORTED: _O.FAILED,
+    DEADLINE: _O.FAILED,
+    LOST: _O.FAILED,
+    RESTART: _O.QUEUED,
+}
 OPERATION_TABLE: TransitionTable[OperationState] = TransitionTable(
     "endpoint operation",
     {
@@ -318,6 +325,11 @@ class CollectiveRequest:
     dtype: DType | None = None
 
 
+TREE_FAILURES = frozenset({ErrorCode.PEER_LOST, ErrorCode.STALE_EPOCH})
+"""Abort codes that say the tree failed, not the data: the operation starts again in
+the next tree instead of failing."""
+
+
 class OperationError(CcoError):
     """Why one collective failed, with who and what was missing."""
 
@@ -392,6 +404,7 @@ class _Operation:
     members: frozenset[int] = frozenset()
     scaling: _Scaling | None = None  # block-scaled data operations only
     feeds: int | None = None  # a scale pass: the op_id of the data operation it agrees scales for
+    interrupted: str | None = None  # why it waits for the next tree before starting again
 
 
 def _digest(payload_bytes: bytes) -> bytes:
@@ -680,6 +693,7 @@ class EndpointMachine:
                 return []
             self._parent_up = True
             self._retry_at = None
+            self._resume_all()
             out: list[Command] = []
             if not self._joined:
                 self._joined = True
@@ -697,9 +711,8 @@ class EndpointMachine:
         self._parent_up = False
         if self._state in (SessionState.CONNECTING, SessionState.RECONNECTING):
             self._retry_at = now + self.config.retry_interval
-        return self._fail_all(
-            ErrorCode.PEER_LOST, f"connection to parent {self._parent_node} lost ({event.code.name})", None
-        )
+        self._interrupt_all(f"connection to parent {self._parent_node} lost ({event.code.name})")
+        return []
 
     def _lose_rendezvous(self, why: str) -> list[Command]:
         joining = self._state in (SessionState.IDLE, SessionState.JOINING)
@@ -792,12 +805,13 @@ class EndpointMachine:
 
     def _on_tree(self, message: TreeAssignment, event: str, now: float) -> list[Command]:
         out: list[Command] = []
-        if message.epoch > self._epoch and self._ops:
-            out += self._fail_all(ErrorCode.PEER_LOST, f"the tree changed to epoch {message.epoch}", None)
+        if message.epoch > self._epoch:
+            self._interrupt_all(f"the tree changed to epoch {message.epoch}")
         self._epoch = message.epoch
         self._params = message.params
         self._assignment = message
         if event == TREE_CONNECTED:
+            self._resume_all()
             return out + self._pump(now)
         out += self._drop_parent("parent changed")
         assert message.parent is not None
@@ -813,12 +827,17 @@ class EndpointMachine:
         if self.config.elastic:
             self._accepted = members
         self._epoch = message.epoch
-        why = (
-            f"epoch changed to {message.epoch} ({message.code.name}); ranks {ranks_text(lost)} left"
-            if lost
-            else f"epoch changed to {message.epoch} ({message.code.name}); the tree was re-planned"
+        if lost:
+            why = f"epoch changed to {message.epoch} ({message.code.name}); ranks {ranks_text(lost)} left"
+            return self._fail_all(ErrorCode.PEER_LOST, why, lost)
+        if message.code is ErrorCode.NO_AGGREGATOR:
+            why = f"epoch changed to {message.epoch}: no aggregator can serve the group"
+            return self._fail_all(ErrorCode.NO_AGGREGATOR, why, None)
+        # the same members in a new tree: every operation in flight starts again there
+        self._interrupt_all(
+            f"epoch changed to {message.epoch} ({message.code.name}); the tree was re-planned"
         )
-        return self._fail_all(ErrorCode.PEER_LOST, why, lost or None)
+        return []
 
     # --- data from the parent ---------------------------------------------------
 
@@ -855,9 +874,12 @@ class EndpointMachine:
         return self._on_op_message(op, message, now)
 
     def _on_op_message(self, op: _Operation, message: ChunkMessage | Abort, now: float) -> list[Command]:
-        if op.epoch is not None and message.epoch != op.epoch:
-            return []  # another epoch's traffic: that epoch's operations are already over
+        if message.epoch != (op.epoch if op.epoch is not None else self._epoch):
+            return []  # another epoch's traffic: the operation runs (again) in this one
         if isinstance(message, Abort):
+            if message.code in TREE_FAILURES:
+                self._interrupt(op, f"aborted by the tree: {message.detail}")
+                return []
             missing = ranks_from_bitmap(message.missing) if message.missing is not None else None
             return self._finish_failed(
                 op, ABORTED, message.code, f"aborted by the tree: {message.detail}", missing, tell_tree=False
@@ -1024,8 +1046,8 @@ class EndpointMachine:
     def _send_chunks(self, op: _Operation, parent: PeerId, window: int) -> list[Command]:
         """Send ``op``'s next chunks while the window has room."""
         out: list[Command] = []
-        if op.scaling is not None and op.scaling.agreed is None:
-            return []  # waiting for the scale pass
+        if op.interrupted is not None or (op.scaling is not None and op.scaling.agreed is None):
+            return []  # waiting for the next tree, or for the scale pass
         while op.source is not None and op.next_chunk < op.chunks and self._outstanding < window:
             try:
                 message = self._seal(op, op.next_chunk)
@@ -1282,6 +1304,42 @@ class EndpointMachine:
         self._outstanding -= len(op.outstanding)
         op.outstanding.clear()
 
+    def _interrupt_all(self, why: str) -> None:
+        for op in list(self._ops.values()):
+            self._interrupt(op, why)
+
+    def _interrupt(self, op: _Operation, why: str) -> None:
+        """The tree ``op`` ran in failed: forget its progress and wait for the next tree,
+        where it starts again from this rank's own input (new epoch, new chunk ids: no
+        integer of the old tree is counted or accepted again).  Its deadline stands.
+
+        A block-scaled operation also runs its scale pass again, so that every rank
+        agrees on its scales in the same tree, whatever it had received before."""
+        if op.interrupted is not None:
+            return
+        op.interrupted = why
+        self._op_event(op, RESTART)
+        self._outstanding -= len(op.outstanding)
+        op.outstanding.clear()
+        op.next_chunk = 0
+        op.verified.clear()
+        op.result = op.decode_error = op.epoch = None
+        op.members = frozenset()
+        if op.scaling is not None and op.scaling.agreed is not None:
+            op.scaling.agreed = None
+            scale_pass = self._scale_pass(op.op_id - 1, op)
+            scale_pass.interrupted = why
+            self._ops[scale_pass.op_id] = scale_pass
+            self._ops = OrderedDict(sorted(self._ops.items()))  # call order, for the window
+
+    def _resume_all(self) -> None:
+        """A tree is ready: interrupted operations start again (in the current epoch)."""
+        for op in self._ops.values():
+            if op.interrupted is not None:
+                op.interrupted = None
+                if op.source is None:
+                    self._op_event(op, ALL_SENT)  # a broadcast receiver only waits
+
     def _fail_all(self, code: ErrorCode, detail: str, missing: frozenset[int] | None) -> list[Command]:
         """Fail every operation in flight (the tree they used is gone) and forget early data."""
         out: list[Command] = []
@@ -1336,6 +1394,8 @@ class EndpointMachine:
         for op in [op for op in self._ops.values() if op.deadline <= now]:
             missing = sorted(set(range(op.chunks)) - op.verified.keys())
             detail = f"no verified result for chunks {missing} after {op.timeout:g}s"
+            if op.interrupted is not None:
+                detail += f" (waiting for a new tree since: {op.interrupted})"
             out += self._finish_failed(op, DEADLINE, ErrorCode.TIMEOUT, detail, None, tell_tree=True)
         return out
 
