@@ -62,6 +62,7 @@ from cco.wire.messages import (
     RetransmitRequest,
     TreeAssignment,
 )
+from cco.wire.packing import unpack
 from cco.wire.registries import Collective, DType, ReduceOp, Role
 
 GROUP = bytes.fromhex("a1" * 16)
@@ -978,3 +979,33 @@ def test_remembered_aborted_operations_are_bounded_by_record_limit() -> None:
     assert rig.machine.slot_state(GROUP, 0, 0) is None, "the oldest aborted operation is forgotten"
     assert rig.machine.slot_state(GROUP, 1, 0) is SlotState.ABORTED
     assert rig.machine.slot_state(GROUP, 2, 0) is SlotState.ABORTED
+
+
+def _float_chunk(rank: int, block_elements: int, values: list[int]) -> ChunkMessage:
+    """Rank ``rank``'s block-scaled float32 SUM chunk (one block, scale 0)."""
+    header = payload.ChunkHeader(
+        group_id=GROUP,
+        epoch=1,
+        op_id=0,
+        kind=Collective.ALL_REDUCE,
+        op=ReduceOp.SUM,
+        dtype=DType.FLOAT32,
+        total_elements=len(values),
+        chunk_elements=PARAMS.chunk_elements,
+        chunk_index=0,
+        width=4,
+        block_elements=block_elements,
+        scales=bytes(2),
+    )
+    return payload.seal(KEYS[GROUP], header, rank, np.array([*values, 1], dtype=np.int64))
+
+
+def test_block_scaled_chunks_must_use_the_groups_block_size() -> None:
+    rig = root_rig()
+    wrong = _float_chunk(0, PARAMS.block_elements * 2, [1, 2])
+    assert errors(rig.send("ep0", wrong), "ep0") == [ErrorCode.OPERATION_MISMATCH]
+    assert rig.machine.open_slots(GROUP) == 0
+    right = [_float_chunk(r, PARAMS.block_elements, [r, r]) for r in range(3)]
+    out = [c for r, part in enumerate(right) for c in rig.send(f"ep{r}", part)]
+    (result,) = sent(out, "ep0", Result)
+    assert result.width == 4 and unpack(result.payload, 4).tolist() == [3, 3, 3]  # two sums, 3 attestations

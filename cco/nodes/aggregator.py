@@ -739,16 +739,14 @@ class AggregatorMachine:
         if isinstance(message, BroadcastData):
             return self._on_broadcast_up(group, peer, message)
         assert group.assignment is not None
-        if message.chunk_elements != group.assignment.params.chunk_elements:
-            return [
-                refuse(
-                    peer,
-                    message,
-                    ErrorCode.OPERATION_MISMATCH,
-                    f"chunk_elements {message.chunk_elements} differs from the group's "
-                    f"{group.assignment.params.chunk_elements}",
-                )
-            ]
+        params = group.assignment.params
+        for name, value, wanted in (
+            ("chunk_elements", message.chunk_elements, params.chunk_elements),
+            ("block_elements", message.block_elements, params.block_elements),
+        ):
+            if value is not None and value != wanted:
+                detail = f"{name} {value} differs from the group's {wanted}"
+                return [refuse(peer, message, ErrorCode.OPERATION_MISMATCH, detail)]
         return self._on_part(group, peer, info.node_id, message, contributors, now)
 
     def _on_broadcast_up(self, group: _Group, peer: PeerId, message: BroadcastData) -> list[Command]:

@@ -309,7 +309,7 @@ class CollectiveRequest:
     same one): narrower is exact, deterministic compression, each element of the
     result within about c x M / Q of the exact sum, M being the largest magnitude in
     its block of ``block_elements`` elements on any rank, c the contributors and
-    Q = (2^(width-1) - 1) / world_size (draft section "Block Scales").  ``timeout`` is
+    Q = floor(min(2^(width-1) - 1, B) / world_size) (draft section "Block Scales").  ``timeout`` is
     in seconds; None means the group's operation timeout
     plus one heartbeat interval, so that the tree's Abort, which names the missing
     ranks, normally arrives first.  ``dtype`` is needed only for BFLOAT16 (carried

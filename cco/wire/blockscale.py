@@ -109,7 +109,8 @@ def propose(
     too_big = np.rint(np.ldexp(maxima, scales)) > _float_limit(limit)
     scales -= too_big  # one less always fits: maxima * 2^(scales - 1) < 2^top <= limit
     scales[maxima == 0] = SCALE_MAX
-    return scales.astype(np.int16)
+    # finite binary64 values keep |s| below about 1140: the clip only states the range
+    return np.clip(scales, SCALE_MIN, SCALE_MAX).astype(np.int16)
 
 
 def attestations(own: np.ndarray, agreed: np.ndarray) -> np.ndarray:

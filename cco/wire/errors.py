@@ -91,7 +91,7 @@ ERROR_DESCRIPTIONS: dict[ErrorCode, str] = {
     ErrorCode.OVERFLOW: "A value or an aggregate exceeds the exact integer range.",
     ErrorCode.DUPLICATE_CONTRIBUTION: "A contributor's chunk was received twice with different content.",
     ErrorCode.OPERATION_MISMATCH: "Chunks of one operation disagree on kind, op, dtype, "
-    "scale, length or chunk count.",
+    "width, scales, length or chunk count.",
     ErrorCode.UNKNOWN_OPERATION: "The operation id is unknown to the receiver.",
     ErrorCode.ABORTED: "The operation was aborted by a peer or by the application.",
     ErrorCode.TIMEOUT: "A deadline passed before the operation completed.",
