@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -18,9 +19,11 @@ import pytest
 from cco.client import BlockingCommunicator, Communicator, GroupSpec
 from cco.nodes.aggregator import AggregatorConfig, AggregatorMachine
 from cco.nodes.endpoint import OperationError
+from cco.nodes.events import Command, ConnectTo, Input, PeerDisconnected, TimerFired
 from cco.nodes.rendezvous import RendezvousConfig, RendezvousMachine
 from cco.services.node import NodeService
-from cco.transport import TransportConfig, connect, create_dev_pki
+from cco.services.runner import MachineRunner
+from cco.transport import PeerLink, TransportConfig, connect, create_dev_pki
 from cco.transport.handshake import LocalIdentity
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import bitmap_from_ranks
@@ -276,3 +279,59 @@ def test_blocking_api_and_non_blocking_handles(pki: Path) -> None:
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
+
+
+# --- the runner's timer -----------------------------------------------------------
+
+
+class _DueTimerMachine:
+    """Wants TimerFired at ``deadline`` and counts the inputs it sees."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline: float | None = deadline
+        self.inputs = 0
+        self.fired_at_input: int | None = None
+
+    def handle(self, event: Input, now: float) -> list[Command]:
+        if isinstance(event, TimerFired):
+            assert self.deadline is not None and now >= self.deadline
+            self.fired_at_input = self.inputs
+            self.deadline = None
+        else:
+            self.inputs += 1
+        return []
+
+    def next_deadline(self) -> float | None:
+        return self.deadline
+
+
+def _no_connections(command: ConnectTo) -> asyncio.Task[PeerLink]:
+    raise AssertionError(f"unexpected {command}")
+
+
+def test_a_due_timer_fires_under_a_steady_flow_of_inputs() -> None:
+    """An input in every loop turn must not postpone a due timer forever (it did:
+    each input re-armed the timer, cancelling the TimerFired queued for that turn)."""
+
+    async def main() -> _DueTimerMachine:
+        loop = asyncio.get_running_loop()
+        machine = _DueTimerMachine(deadline=time.monotonic() + 0.02)
+        runner = MachineRunner(machine, connector=_no_connections)
+        done = loop.create_future()
+
+        def one_input_per_turn(remaining: int) -> None:
+            runner.dispatch(PeerDisconnected(peer="p", code=ErrorCode.PEER_LOST, detail=""))
+            if remaining and machine.deadline is not None:
+                loop.call_soon(one_input_per_turn, remaining - 1)
+            else:
+                done.set_result(None)
+
+        started = time.monotonic()
+        one_input_per_turn(1_000_000)
+        await asyncio.wait_for(done, 10)
+        assert time.monotonic() - started < 5
+        return machine
+
+    machine = asyncio.run(main())
+    assert machine.fired_at_input is not None
+    assert machine.inputs < 1_000_000

@@ -84,6 +84,7 @@ class MachineRunner:
         self._links: dict[PeerId, PeerLink] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_deadline = 0.0  # the machine deadline _timer was armed for
         self._next_inbound = 0
         self._closing = False
         self.closed = asyncio.Event()
@@ -174,14 +175,26 @@ class MachineRunner:
     # --- time ----------------------------------------------------------------------
 
     def _arm_timer(self) -> None:
+        """Make sure the machine hears TimerFired by its next deadline.
+
+        A timer already armed for that time or earlier is kept, never replaced:
+        replacing it on every input starved a due timer under a steady flow of
+        messages (each loop turn's first input cancelled the TimerFired queued for
+        that turn), so a busy aggregator stopped sending heartbeats and the
+        rendezvous declared it lost.  Firing early is harmless: machines compare
+        every deadline with ``now``.
+        """
+        deadline = self.machine.next_deadline()
         if self._timer is not None:
+            if deadline is not None and self._timer_deadline <= deadline:
+                return
             self._timer.cancel()
             self._timer = None
-        deadline = self.machine.next_deadline()
         if deadline is None:
             return
         delay = max(0.0, deadline - self.clock())
         self._timer = asyncio.get_running_loop().call_later(delay, self._fire)
+        self._timer_deadline = deadline
 
     def _fire(self) -> None:
         self._timer = None
