@@ -325,15 +325,27 @@ def test_partial_waits_for_parent_connection() -> None:
     assert rig.machine.group_state(GROUP) is GroupState.ACTIVE and rig.machine.slot_bytes == 0
 
 
-def test_identical_retransmission_is_ignored_even_after_completion() -> None:
+def test_identical_retransmission_is_never_counted_twice_and_gets_the_result_again() -> None:
     rig = root_rig()
     first = chunk(0)
     rig.send("ep0", first)
     assert rig.send("ep0", first) == []
     rig.send("ep1", chunk(1))
-    assert len(sent(rig.send("ep2", chunk(2)), None, Result)) == 3
-    assert rig.send("ep0", first) == []  # after completion: still recognised, nothing twice
-    assert rig.send("ep2", chunk(2)) == []
+    (result, *_) = sent(rig.send("ep2", chunk(2)), None, Result)
+    # after completion the copy is recognised: nothing counted twice, and since a child
+    # sends a chunk again only when it lacks the result, it gets the same Result again
+    assert sent(rig.send("ep0", first), "ep0", Result) == [result]
+    assert sent(rig.send("ep2", chunk(2)), "ep2", Result) == [result]
+    assert rig.machine.kept_result_bytes == len(result.payload)
+
+
+def test_kept_results_are_bounded_by_twice_the_window() -> None:
+    rig = root_rig({"ep0": [0], "ep1": [1]})
+    for op_id in range(3 * PARAMS.window):
+        rig.send("ep0", chunk(0, op_id=op_id, total=4))
+        rig.send("ep1", chunk(1, op_id=op_id, total=4))
+    assert rig.machine.kept_result_bytes == 2 * PARAMS.window * 4  # 4 one-byte integers each
+    assert rig.send("ep0", chunk(0, op_id=0, total=4)) == []  # too old: recognised, not resent
 
 
 def test_different_chunk_in_place_of_one_taken_is_a_duplicate_contribution() -> None:
@@ -960,9 +972,10 @@ def test_remembered_chunk_fingerprints_are_bounded_by_record_limit() -> None:
     assert rig.machine.slot_state(GROUP, 0, 0) is None, "the oldest record is forgotten"
     assert rig.machine.slot_state(GROUP, 1, 0) is SlotState.COMPLETE
     assert rig.machine.slot_state(GROUP, 2, 0) is SlotState.COMPLETE
-    # A late copy of a remembered chunk is still recognised; one of a forgotten chunk
-    # opens a fresh slot (which will time out): nothing is counted twice either way.
-    assert rig.send("ep0", chunk(0, op_id=2, total=4)) == []
+    # A late copy of a remembered chunk is still recognised (and answered with its kept
+    # Result); one of a forgotten chunk opens a fresh slot (which will time out):
+    # nothing is counted twice either way.
+    assert [m.op_id for m in sent(rig.send("ep0", chunk(0, op_id=2, total=4)), "ep0")] == [2]
     assert rig.machine.open_slots(GROUP) == 0
     assert rig.send("ep0", chunk(0, op_id=0, total=4)) == []
     assert rig.machine.slot_state(GROUP, 0, 0) is SlotState.COLLECTING

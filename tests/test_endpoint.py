@@ -385,9 +385,15 @@ def test_deadline_names_group_operation_and_missing_chunks() -> None:
 
 def test_per_operation_timeout() -> None:
     rig = joined()
-    _, _ = rig.start(int_request([1], timeout=0.25))
-    assert rig.machine.next_deadline() == pytest.approx(0.25)
-    (error,) = failures(rig.timer(0.25))
+    _, out = rig.start(int_request([1], timeout=0.4))
+    (chunk,) = sent(out, rig.parent, Contribution)
+    assert rig.machine.next_deadline() == pytest.approx(0.2)
+    # half way, a chunk whose result is missing is sent again (identical), in case
+    # the result was lost with a connection
+    assert sent(rig.timer(0.2), rig.parent, Contribution) == [chunk]
+    assert rig.machine.next_deadline() == pytest.approx(0.3)  # and every quarter after
+    assert sent(rig.timer(0.31), rig.parent, Contribution) == [chunk]
+    (error,) = failures(rig.timer(0.4))
     assert error.code is ErrorCode.TIMEOUT
 
 

@@ -11,7 +11,9 @@ costs every rank of the group an operation:
 * a chunk it has already taken from a child is recognised when it arrives again
   (kept as a fingerprint, also for a while after the slot completed) and ignored,
   so a retransmission is never added twice; a *different* chunk in its place is
-  refused with ``DUPLICATE_CONTRIBUTION``;
+  refused with ``DUPLICATE_CONTRIBUTION``; if the slot completed and its Result
+  is among the last few sent down, the child gets that Result again (a child
+  sends again only when it lacks the result);
 * the number of slots a group holds open is bounded by the group's window, so its
   memory is bounded by window x chunk size, never by the size of the tensor.
 
@@ -256,6 +258,7 @@ class _Group:
     record: OrderedDict[SlotKey, _Slot] = field(default_factory=OrderedDict)
     aborted: OrderedDict[int, None] = field(default_factory=OrderedDict)
     outbox: list[ChunkMessage | Abort] = field(default_factory=list)
+    results: OrderedDict[SlotKey, Result] = field(default_factory=OrderedDict)  # the last Results sent down
 
     @property
     def window(self) -> int:
@@ -349,6 +352,7 @@ class AggregatorMachine:
         self._slot_bytes = 0
         self._peak_slot_bytes = 0
         self._pending_bytes = 0
+        self._kept_bytes = 0
 
     # --- observation ----------------------------------------------------------
 
@@ -393,6 +397,12 @@ class AggregatorMachine:
     def peak_slot_bytes(self) -> int:
         """The largest value :attr:`slot_bytes` has had."""
         return self._peak_slot_bytes
+
+    @property
+    def kept_result_bytes(self) -> int:
+        """Payload bytes of the Results kept for children that lost theirs: at most
+        2 x window Results per group."""
+        return self._kept_bytes
 
     @property
     def pending_bytes(self) -> int:
@@ -504,6 +514,7 @@ class AggregatorMachine:
                 group, ErrorCode.PEER_LOST, "the aggregator lost its rendezvous", None, 0.0
             )
             out += self._close_parent(group, "the group ended here")
+            self._forget_results(group)
             del self._groups[group.group_id]
         return out
 
@@ -626,6 +637,7 @@ class AggregatorMachine:
                 out += self._abort_all(group, ErrorCode.STALE_EPOCH, "superseded by a new epoch", None, now)
             group.record.clear()
             group.aborted.clear()
+            self._forget_results(group)
         group.epoch = assignment.epoch
         group.assignment = assignment
         group.children = {c.node_id: ranks_from_bitmap(c.ranks) for c in assignment.children}
@@ -668,6 +680,7 @@ class AggregatorMachine:
         group.retry_at = None
         group.record.clear()
         group.aborted.clear()
+        self._forget_results(group)
         return out
 
     # --- data plane -------------------------------------------------------------
@@ -803,7 +816,8 @@ class AggregatorMachine:
             ]
         if event == RETRANSMISSION or slot.state is SlotState.ABORTED:
             slot.state = SLOT_TABLE.next(slot.state, event)
-            return []
+            result = group.results.get(key) if slot.state is SlotState.COMPLETE else None
+            return [] if result is None else [SendMessage(peer, result)]
         try:
             merged = message if slot.aggregate is None else payload.combine([slot.aggregate, message], _UP)
         except CcoError as error:
@@ -954,7 +968,10 @@ class AggregatorMachine:
 
         (A broadcast receiver sends nothing before data reaches it, so its connection
         may be reported after the first chunk for it; the hold is bounded like the
-        pending queue.)"""
+        pending queue.)  The last 2 x window Results are kept, for a child that sends
+        its chunk again because its Result was lost (a connection that broke)."""
+        if isinstance(message, Result):
+            self._keep_result(group, message)
         out: list[Command] = []
         for node_id in group.children:
             peer = self._node_peer.get(node_id)
@@ -966,6 +983,20 @@ class AggregatorMachine:
             elif peer != skip:
                 out.append(SendMessage(peer, message))
         return out
+
+    def _keep_result(self, group: _Group, result: Result) -> None:
+        key = (result.op_id, result.chunk_index)
+        if key in group.results:
+            return
+        group.results[key] = result
+        self._kept_bytes += len(result.payload)
+        while len(group.results) > 2 * group.window:
+            self._kept_bytes -= len(group.results.popitem(last=False)[1].payload)
+
+    def _forget_results(self, group: _Group, op_id: int | None = None) -> None:
+        """Drop the kept Results of one operation (None: of every operation)."""
+        for key in [k for k in group.results if op_id is None or k[0] == op_id]:
+            self._kept_bytes -= len(group.results.pop(key).payload)
 
     # --- aborts -----------------------------------------------------------------
 
@@ -985,6 +1016,7 @@ class AggregatorMachine:
         if op_id in group.aborted:
             return []
         group.aborted[op_id] = None
+        self._forget_results(group, op_id)
         while len(group.aborted) > self.config.record_limit:
             group.aborted.popitem(last=False)
         for key in [k for k in group.slots if k[0] == op_id]:

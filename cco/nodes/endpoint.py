@@ -392,6 +392,7 @@ class _Operation:
     placed: range  # the wire positions that carry source (ALL_GATHER: rank r's slice; else all)
     deadline: float
     timeout: float
+    nudge_at: float = 0.0  # when outstanding chunks are sent again if their results are missing
     epoch: int | None = None  # fixed by the first chunk sent (or the first received)
     chunk_elements: int = 0
     chunks: int = 0
@@ -548,6 +549,7 @@ class EndpointMachine:
             source=source,
             placed=placed,
             deadline=now + timeout,
+            nudge_at=now + timeout / 2,
             timeout=timeout,
         )
         if total >= 0:
@@ -630,6 +632,7 @@ class EndpointMachine:
 
     def next_deadline(self) -> float | None:
         times = [op.deadline for op in self._ops.values()]
+        times += [op.nudge_at for op in self._ops.values() if op.outstanding]
         if self._rendezvous is not None and self._next_heartbeat is not None and self._params is not None:
             times.append(self._next_heartbeat)
             times.append(self._last_heard + 3 * self._heartbeat_interval)
@@ -1018,10 +1021,15 @@ class EndpointMachine:
         """Send the listed chunks again: sealing is deterministic, so each copy is
         identical to the first and an aggregator that has it recognises it."""
         op = self._ops.get(request.op_id)
-        if op is None or op.epoch != request.epoch or self._parent is None:
+        if op is None or op.epoch != request.epoch:
+            return []
+        return self._resend(op, set(request.chunks))
+
+    def _resend(self, op: _Operation, chunks: set[int]) -> list[Command]:
+        if self._parent is None or not self._parent_up:
             return []
         out: list[Command] = []
-        for index in sorted(set(request.chunks) & op.outstanding):
+        for index in sorted(chunks & op.outstanding):
             try:
                 message = self._seal(op, index)
             except CcoError as error:
@@ -1177,6 +1185,7 @@ class EndpointMachine:
             source=proposals,
             placed=range(len(proposals)),
             deadline=data.deadline,
+            nudge_at=data.nudge_at,
             timeout=data.timeout,
             feeds=data.op_id,
         )
@@ -1391,6 +1400,12 @@ class EndpointMachine:
             self._retry_at = None
             if self._assignment is not None and self._parent_node is not None and not self._parent_up:
                 out += self._redial()
+        for op in [op for op in self._ops.values() if op.outstanding and op.nudge_at <= now]:
+            # Results this long overdue may have been lost with a connection: ask again
+            # by sending the chunks again (an aggregator answers a copy of a completed
+            # chunk with its Result), at half the timeout and every quarter after.
+            op.nudge_at = now + op.timeout / 4
+            out += self._resend(op, set(op.outstanding))
         for op in [op for op in self._ops.values() if op.deadline <= now]:
             missing = sorted(set(range(op.chunks)) - op.verified.keys())
             detail = f"no verified result for chunks {missing} after {op.timeout:g}s"
