@@ -1118,6 +1118,15 @@ def _rule_failures() -> list[Failure]:
             b"\x14",
         ),
         f(
+            "tree-assignment-parent-rank-beyond-world",
+            "tree-assignment-endpoint",
+            "parent.ranks is 13 (ranks 0, 1 and 4) but world_size is 4: the parent's ranks are "
+            "checked against world_size like expected and every child's.",
+            "set parent.ranks (key 7, key 3) to h'13'",
+            (7, 3),
+            b"\x13",
+        ),
+        f(
             "bitmap-trailing-zero-nested",
             "tree-assignment-root",
             "children[0].ranks is 03 00: a trailing zero byte inside a nested structure.",

@@ -165,6 +165,16 @@ def bad_frames() -> list[BadFrame]:
             ErrorCode.MESSAGE_TOO_LARGE,
         ),
         BadFrame(
+            "varint-non-shortest-and-over-limit",
+            "Length 2000 in the four-byte varint form (80 00 07 d0) for a receiver whose limit is "
+            "1024: both too long a prefix and too large a message.  The shortest-form rule is "
+            "checked first, so the code is FRAMING_ERROR.  Only the prefix is given.",
+            "the four bytes 80 00 07 d0, limit 1024",
+            b"\x80\x00\x07\xd0",
+            ErrorCode.FRAMING_ERROR,
+            max_message_size=1024,
+        ),
+        BadFrame(
             "length-over-stated-limit",
             "A complete 1025-byte message received with max_message_size 1024.",
             "frame a 1025-byte message for a receiver whose limit is 1024",

@@ -386,12 +386,13 @@ def _topology_samples() -> list[Sample]:
     return [
         Sample(
             "tree-assignment-endpoint",
-            "An endpoint's assignment: a parent aggregator, no children, an empty expected bitmap.",
+            "An endpoint's assignment (rank 1): a parent aggregator, no children, expected is the "
+            "bitmap of the endpoint's own rank.",
             TreeAssignment(
                 group_id=group_id("training"),
                 epoch=3,
                 world_size=4,
-                expected=b"",
+                expected=bitmap_from_ranks([1]),
                 children=(),
                 params=PARAMS,
                 parent=_node("agg-1", "198.18.0.2", 4433, [0, 1]),

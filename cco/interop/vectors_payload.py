@@ -498,14 +498,70 @@ def failure_vectors() -> list[Vector]:
             "bitmap",
         ),
         _failure(
-            "counted_twice_refused_by_aggregator",
-            "An honest aggregator refuses a second copy of rank 2's contribution.",
+            "identical_copy_refused_by_combine",
+            "Combining refuses a byte-identical second copy of rank 2's contribution: overlapping "
+            "contributor sets.  (An aggregator never combines a retransmission: it recognises a copy "
+            "from the same child before combining; a copy that reaches combine counts rank 2 twice.)",
             "inputs are ranks 0..3 and rank 2 again",
             stage="combine",
             expected_ranks=everyone,
             messages=[*parts, parts[2]],
             error=ErrorCode.DUPLICATE_CONTRIBUTION,
             check=None,
+        ),
+        _failure(
+            "overlapping_sets_refused_by_combine",
+            "A partial aggregate of ranks 1 and 2 combined with rank 2's contribution: the sets overlap.",
+            "inputs are combine(rank 1, rank 2), rank 0 and rank 2",
+            stage="combine",
+            expected_ranks=everyone,
+            messages=[combine(parts[1:3], PartialAggregate), parts[0], parts[2]],
+            error=ErrorCode.DUPLICATE_CONTRIBUTION,
+            check=None,
+        ),
+        _failure(
+            "mismatch_before_overlap_in_combine",
+            "Rank 3's contribution to another epoch offered with ranks 0..3: the headers differ and "
+            "rank 3 is in two chunks.  Combining checks the headers first: OPERATION_MISMATCH.",
+            "inputs are ranks 0..3 and rank 3's chunk of epoch 6",
+            stage="combine",
+            expected_ranks=everyone,
+            messages=[*parts, replays["epoch"]],
+            error=ErrorCode.OPERATION_MISMATCH,
+            check=None,
+        ),
+        _failure(
+            "tag_missing_refused_by_combine",
+            "Rank 1's SUM contribution without its tag: an aggregator refuses it with INVALID_FIELD "
+            "(an endpoint, verifying, would say VERIFICATION_FAILED).",
+            "remove the tag (key 14) of rank 1's contribution",
+            stage="combine",
+            expected_ranks=everyone,
+            messages=[parts[0], dataclasses.replace(parts[1], tag=None)],
+            error=ErrorCode.INVALID_FIELD,
+            check=None,
+        ),
+        _failure(
+            "overlap_before_missing_tag_in_combine",
+            "Rank 0 twice, the second copy without its tag: the overlap is checked before the tags.",
+            "inputs are rank 0, rank 0 without tag",
+            stage="combine",
+            expected_ranks=everyone,
+            messages=[parts[0], dataclasses.replace(parts[0], tag=None)],
+            error=ErrorCode.DUPLICATE_CONTRIBUTION,
+            check=None,
+        ),
+        _failure(
+            "result_not_at_smallest_width",
+            "An honest result (integers fit 2 bytes) written at width 4: not the unique encoding.  "
+            "The message decodes; the endpoint fails the operation with INVALID_FIELD.",
+            "re-encode the honest result's integers at width 4",
+            stage="verify",
+            expected_ranks=everyone,
+            messages=[dataclasses.replace(honest, width=4, payload=ref_payload(values, 4)[1])],
+            error=ErrorCode.INVALID_FIELD,
+            check=None,
+            base=honest,
         ),
         verify_failure(
             "counted_twice",
@@ -830,6 +886,17 @@ def wire_form_vectors() -> list[Vector]:
             sum_,
             2,
             np.array([-1, 2**63 - 1], dtype=np.int64),
+        ),
+        e(
+            "bfloat16_bit_exact",
+            "BROADCAST carries bfloat16 bit patterns as int16: a quiet NaN with payload (7fc1), -inf, "
+            "-0.0 and 1.5.  The inputs are given as float32 values whose low 16 bits are zero, so the "
+            "bfloat16 pattern is exactly their upper half and no rounding happens.",
+            DType.BFLOAT16,
+            Collective.BROADCAST,
+            sum_,
+            2,
+            np.array([0x7FC10000, 0xFF800000, 0x80000000, 0x3FC00000], dtype=np.uint32).view(np.float32),
         ),
         e(
             "float16_bit_exact",
