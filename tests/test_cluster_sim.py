@@ -521,6 +521,29 @@ def test_aggregator_memory_is_bounded_by_window_times_chunk() -> None:
     assert all(d.aggregator(a).slot_bytes == 0 for a in d.aggregators)
 
 
+def test_a_lost_result_is_asked_for_again_and_sent_from_the_aggregators_copy() -> None:
+    """A Result that never reaches one endpoint (lost with a connection): at half its
+    timeout the endpoint sends its chunk again, and its aggregator, recognising a copy
+    of a completed chunk, sends that rank the Result it kept.  Nothing is counted twice."""
+    dropped: list[str] = []
+
+    def lose_one_result(src: str, dst: str, message: Message) -> int:
+        if isinstance(message, Result) and dst == "g-ep3" and not dropped:
+            dropped.append(src)
+            return 0
+        return 1
+
+    d = deploy(31, faults=lose_one_result)
+    data = inputs(DType.INT32, 6, 31)
+    results = d.collective(
+        GROUP, {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=data[r]) for r in range(WORLD)}
+    )
+    assert dropped, "a Result was lost"
+    result = identical(results)
+    assert result is not None and result.tolist() == np.sum([data[r] for r in range(WORLD)], axis=0).tolist()
+    assert d.cluster.now >= PARAMS.operation_timeout_ms / 2000  # recovered at half the timeout
+
+
 def test_losing_an_endpoint_fails_in_flight_operations_then_the_rest_continue() -> None:
     d = deploy(9)
     requests = {

@@ -392,13 +392,12 @@ class _Operation:
     placed: range  # the wire positions that carry source (ALL_GATHER: rank r's slice; else all)
     deadline: float
     timeout: float
-    nudge_at: float = 0.0  # when outstanding chunks are sent again if their results are missing
     epoch: int | None = None  # fixed by the first chunk sent (or the first received)
     chunk_elements: int = 0
     chunks: int = 0
     state: OperationState = OperationState.QUEUED
     next_chunk: int = 0
-    outstanding: set[int] = field(default_factory=set)
+    outstanding: dict[int, float] = field(default_factory=dict)  # chunk index -> when last sent
     verified: dict[int, bytes] = field(default_factory=dict)  # chunk index -> digest of its integers
     result: np.ndarray | None = None  # flat, in the caller's dtype; verified chunks decode into it
     decode_error: CcoError | None = None  # the first chunk that did not decode (see _decode)
@@ -549,7 +548,6 @@ class EndpointMachine:
             source=source,
             placed=placed,
             deadline=now + timeout,
-            nudge_at=now + timeout / 2,
             timeout=timeout,
         )
         if total >= 0:
@@ -632,7 +630,9 @@ class EndpointMachine:
 
     def next_deadline(self) -> float | None:
         times = [op.deadline for op in self._ops.values()]
-        times += [op.nudge_at for op in self._ops.values() if op.outstanding]
+        times += [
+            min(op.outstanding.values()) + op.timeout / 2 for op in self._ops.values() if op.outstanding
+        ]
         if self._rendezvous is not None and self._next_heartbeat is not None and self._params is not None:
             times.append(self._next_heartbeat)
             times.append(self._last_heard + 3 * self._heartbeat_interval)
@@ -866,7 +866,7 @@ class EndpointMachine:
         if isinstance(message, ChunkAck) or message.group_id != self.config.group_id:
             return []  # a Result is the acknowledgement; another session's traffic
         if isinstance(message, RetransmitRequest):
-            return self._send_again(message)
+            return self._send_again(message, now)
         assert isinstance(message, Result | BroadcastData | Abort)
         op = self._ops.get(message.op_id)
         if op is None:
@@ -909,7 +909,7 @@ class EndpointMachine:
         op.verified[index] = _digest(message.payload)
         self._decode(op, index, values)
         if index in op.outstanding:
-            op.outstanding.discard(index)
+            del op.outstanding[index]
             self._outstanding -= 1
         if len(op.verified) < op.chunks:
             self._op_event(op, CHUNK)
@@ -1017,19 +1017,20 @@ class EndpointMachine:
             return decoded.reshape(op.shape)
         return decoded
 
-    def _send_again(self, request: RetransmitRequest) -> list[Command]:
+    def _send_again(self, request: RetransmitRequest, now: float) -> list[Command]:
         """Send the listed chunks again: sealing is deterministic, so each copy is
         identical to the first and an aggregator that has it recognises it."""
         op = self._ops.get(request.op_id)
         if op is None or op.epoch != request.epoch:
             return []
-        return self._resend(op, set(request.chunks))
+        return self._resend(op, set(request.chunks), now)
 
-    def _resend(self, op: _Operation, chunks: set[int]) -> list[Command]:
+    def _resend(self, op: _Operation, chunks: set[int], now: float) -> list[Command]:
         if self._parent is None or not self._parent_up:
             return []
         out: list[Command] = []
-        for index in sorted(chunks & op.outstanding):
+        for index in sorted(chunks & op.outstanding.keys()):
+            op.outstanding[index] = now
             try:
                 message = self._seal(op, index)
             except CcoError as error:
@@ -1046,12 +1047,12 @@ class EndpointMachine:
             return []
         out: list[Command] = []
         for op in list(self._ops.values()):
-            out += self._send_chunks(op, self._parent, self._params.window)
+            out += self._send_chunks(op, self._parent, self._params.window, now)
             if op.state in _HELD_BACK:
                 break  # later operations wait behind this one: chunks leave in call order
         return out
 
-    def _send_chunks(self, op: _Operation, parent: PeerId, window: int) -> list[Command]:
+    def _send_chunks(self, op: _Operation, parent: PeerId, window: int, now: float) -> list[Command]:
         """Send ``op``'s next chunks while the window has room."""
         out: list[Command] = []
         if op.interrupted is not None or (op.scaling is not None and op.scaling.agreed is None):
@@ -1062,7 +1063,7 @@ class EndpointMachine:
             except CcoError as error:
                 return out + self._input_changed(op, op.next_chunk, error)
             out.append(SendMessage(parent, message))
-            op.outstanding.add(op.next_chunk)
+            op.outstanding[op.next_chunk] = now
             self._outstanding += 1
             op.next_chunk += 1
             self._op_event(op, SENT if op.next_chunk < op.chunks else ALL_SENT)
@@ -1185,7 +1186,6 @@ class EndpointMachine:
             source=proposals,
             placed=range(len(proposals)),
             deadline=data.deadline,
-            nudge_at=data.nudge_at,
             timeout=data.timeout,
             feeds=data.op_id,
         )
@@ -1400,12 +1400,13 @@ class EndpointMachine:
             self._retry_at = None
             if self._assignment is not None and self._parent_node is not None and not self._parent_up:
                 out += self._redial()
-        for op in [op for op in self._ops.values() if op.outstanding and op.nudge_at <= now]:
-            # Results this long overdue may have been lost with a connection: ask again
-            # by sending the chunks again (an aggregator answers a copy of a completed
-            # chunk with its Result), at half the timeout and every quarter after.
-            op.nudge_at = now + op.timeout / 4
-            out += self._resend(op, set(op.outstanding))
+        for op in list(self._ops.values()):
+            # A result overdue by half the timeout may have been lost with a connection:
+            # ask again by sending the chunk again (an aggregator answers a copy of a
+            # completed chunk with its Result), and again every half timeout after.
+            overdue = {i for i, sent in op.outstanding.items() if sent + op.timeout / 2 <= now}
+            if overdue:
+                out += self._resend(op, overdue, now)
         for op in [op for op in self._ops.values() if op.deadline <= now]:
             missing = sorted(set(range(op.chunks)) - op.verified.keys())
             detail = f"no verified result for chunks {missing} after {op.timeout:g}s"
