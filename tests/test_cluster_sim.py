@@ -544,6 +544,24 @@ def test_a_lost_result_is_asked_for_again_and_sent_from_the_aggregators_copy() -
     assert d.cluster.now >= PARAMS.operation_timeout_ms / 2000  # recovered at half the timeout
 
 
+@pytest.mark.parametrize(
+    "odd", [{"array": np.zeros(8, np.int32)}, {"array": np.zeros(16, np.int16)}, {"op": ReduceOp.MAX}]
+)
+def test_mismatched_calls_fail_on_every_rank_at_once_with_the_reason(odd: dict[str, object]) -> None:
+    """Rank 0 calls with another length, dtype or op than the others: every rank fails
+    with OPERATION_MISMATCH well before the timeout, the aggregator naming the child."""
+    d = deploy(32)
+    usual = {"kind": Collective.ALL_REDUCE, "array": np.zeros(16, np.int32)}
+    requests = {r: CollectiveRequest(**{**usual, **(odd if r == 0 else {})}) for r in range(WORLD)}  # type: ignore[arg-type]
+    results = d.collective(GROUP, requests)
+    assert len(results) == WORLD
+    for outcome in results.values():
+        assert isinstance(outcome, OperationFailed) and outcome.error.code is ErrorCode.OPERATION_MISMATCH
+        assert "called different operations (chunks differ in" in str(outcome.error)
+        assert re.search(r"ranks \{[0-7, ]+\} \(via g-ep\d\) and ranks \{[0-7, ]+\}", str(outcome.error))
+    assert d.cluster.now < PARAMS.operation_timeout_ms / 2000
+
+
 def test_losing_an_endpoint_fails_in_flight_operations_then_the_rest_continue() -> None:
     d = deploy(9)
     requests = {

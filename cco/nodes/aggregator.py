@@ -828,7 +828,8 @@ class AggregatorMachine:
                 # every rank learns why at once instead of waiting for its timeout
                 detail = (
                     f"aggregator {self.node_id}: op {message.op_id} chunk {message.chunk_index}: "
-                    f"node {child} sent a chunk that does not match its siblings' ({error.detail})"
+                    f"ranks {ranks_text(contributors)} (via {child}) and ranks {ranks_text(slot.received)} "
+                    f"called different operations ({error.detail})"
                 )
                 return self._abort_op(group, message.op_id, error.code, detail, None)
             return [refuse(peer, message, error.code, error.detail)]
