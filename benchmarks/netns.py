@@ -401,6 +401,8 @@ class EndpointRun:
 
     reports: list[dict[str, Any]]
     wall_seconds: float
+    cpu_seconds: list[float]
+    """Each endpoint process's user + system CPU time (from wait4), by rank."""
 
     def round_seconds(self) -> list[float]:
         """Each round's time on the slowest rank."""
@@ -533,9 +535,11 @@ class CcoCluster:
             processes.append((name, self._spawn(namespace, name, args)))
         deadline = started + timeout
         failed = []
+        cpu = []
         for name, process in processes:
             try:
-                code = process.wait(max(0.1, deadline - time.perf_counter()))
+                code, seconds = _wait_cpu(process, deadline - time.perf_counter())
+                cpu.append(seconds)
             except subprocess.TimeoutExpired:
                 failed.append(f"{name} did not finish within {timeout:.0f} s: {self.tail(name)}")
                 continue
@@ -549,7 +553,7 @@ class CcoCluster:
         if failed:
             raise NetnsError("; ".join(failed))
         reports = [json.loads((self.workdir / f"{name}.json").read_text()) for name, _ in processes]
-        return EndpointRun(reports=reports, wall_seconds=wall)
+        return EndpointRun(reports=reports, wall_seconds=wall, cpu_seconds=cpu)
 
     def aggregator_usage(self) -> dict[str, float]:
         """The aggregator's peak RSS (bytes) and CPU seconds so far, from /proc."""
@@ -578,6 +582,23 @@ class CcoCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _wait_cpu(process: subprocess.Popen[Any], timeout: float) -> tuple[int, float]:
+    """Reap ``process`` within ``timeout`` s: (exit code, CPU seconds it used).
+
+    ``ip netns exec`` execs the command, so the child is the node itself and wait4's
+    resource usage is the node's own.
+    """
+    deadline = time.monotonic() + max(0.1, timeout)
+    while True:
+        pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+        if pid:
+            process.returncode = os.waitstatus_to_exitcode(status)
+            return process.returncode, usage.ru_utime + usage.ru_stime
+        if time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(process.args, timeout)
+        time.sleep(0.05)
 
 
 def _proc_usage(pid: int) -> dict[str, float]:
