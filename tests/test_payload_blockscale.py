@@ -760,11 +760,9 @@ def test_nan_has_no_key(dtype: DType) -> None:
     assert caught.value.code is ErrorCode.OVERFLOW and "NaN" in caught.value.detail
 
 
-@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("dtype", [DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32])  # every int64 fits float64
 def test_keys_outside_the_width_are_refused(dtype: DType) -> None:
     element = element_type(dtype)
-    if element.bits == 64:
-        pytest.skip("every int64 is a 64-bit pattern")
     top = 2 ** (element.bits - 1)
     for bad in (top, -top - 1):
         with pytest.raises(CcoError) as caught:
