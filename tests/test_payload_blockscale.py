@@ -156,8 +156,9 @@ def random_floats(dtype: DType, n: int, world: int, rng: np.random.Generator) ->
     blocks) small enough that a sum of ``world`` stays finite in the dtype."""
     fmt = FORMATS[dtype]
     top = math.floor(math.log2(float(fmt.max_finite) / (2 * world)))
-    low = max(fmt.emin - fmt.precision, top - 60)
-    exponents = rng.integers(low, top, size=n, endpoint=True)
+    low = fmt.emin - fmt.precision  # the smallest subnormal's exponent
+    centre = int(rng.integers(low, top, endpoint=True))  # anywhere in the format's range
+    exponents = np.clip(centre + rng.integers(-12, 1, size=n), low, top)
     x = rng.uniform(-1, 1, size=n) * np.exp2(exponents.astype(np.float64))
     x[rng.random(n) < 0.1] = 0.0
     if n and rng.random() < 0.3:  # a run of zeros, often a whole block
