@@ -1,9 +1,11 @@
-"""``cco-interop``: regenerate the interoperability vectors, or check them.
+"""``cco-interop``: the vectors, and the runner that tests implementations with them.
 
 ``generate`` rewrites every vector file; ``check`` reads the committed files,
 verifies each vector against this implementation (the equations of
 ``interop/README.md``) and confirms that a fresh generation reproduces every
-file byte for byte.  ``check`` exits 1 on any problem, so CI can run it.
+file byte for byte.  ``vectors --impl CMD`` feeds every vector to another
+implementation's adapter (``adapter`` is ours); ``live`` runs the live test
+cases between implementations.  Each exits 1 on any failure, so CI can run it.
 """
 
 from __future__ import annotations
@@ -55,6 +57,35 @@ def _check(args: argparse.Namespace) -> int:
     return 0 if not problems else 1
 
 
+def _vectors(args: argparse.Namespace) -> int:
+    from cco.interop import vectormode
+
+    directory: Path = args.dir or default_vector_dir()
+    reports = vectormode.run(args.impl, directory, timeout=args.timeout)
+    for report in reports:
+        print(report.line())
+        for name, outcome in report.outcomes.items():
+            if outcome != vectormode.PASSED and (args.verbose or outcome == vectormode.FAILED):
+                print(f"  {outcome.upper()} {name}: {report.reasons.get(name, '')}")
+    if args.json is not None:
+        args.json.write_text(json.dumps(vectormode.as_json(reports), indent=2) + "\n", encoding="utf-8")
+    failed = sum(r.count(vectormode.FAILED) for r in reports)
+    print("OK" if not failed else f"{failed} vector(s) failed")
+    return 0 if not failed else 1
+
+
+def _adapter(args: argparse.Namespace) -> int:
+    from cco.interop import adapter
+
+    return adapter.main()
+
+
+def _live(args: argparse.Namespace) -> int:
+    from cco.interop import live
+
+    return live.main(args)
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="cco-interop",
@@ -78,6 +109,33 @@ def parser() -> argparse.ArgumentParser:
         "--dir", type=Path, metavar="DIR", help="vector directory (default: interop/vectors of the checkout)"
     )
     chk.set_defaults(run=_check)
+    vec = commands.add_parser(
+        "vectors",
+        help="feed every vector to an implementation's adapter",
+        description="Start the adapter CMD (JSON lines on stdin/stdout, see interop/README.md), feed it "
+        "every vector and print passed / failed / unsupported per vector file; exit 1 if any failed.",
+    )
+    vec.add_argument(
+        "--impl", required=True, metavar="CMD", help="the adapter command line, e.g. 'cco-interop adapter'"
+    )
+    vec.add_argument("--dir", type=Path, metavar="DIR", help="vector directory (default: interop/vectors)")
+    vec.add_argument(
+        "--json", type=Path, metavar="FILE", help="also write the outcome of every vector as JSON"
+    )
+    vec.add_argument(
+        "--timeout", type=float, default=30.0, metavar="S", help="seconds to wait for one answer"
+    )
+    vec.add_argument("-v", "--verbose", action="store_true", help="list unsupported vectors too")
+    vec.set_defaults(run=_vectors)
+    ada = commands.add_parser(
+        "adapter",
+        help="this implementation's vector-mode adapter (JSON lines on stdin/stdout)",
+        description="Answer vector-mode requests on stdin, one JSON object per line, until stdin closes.",
+    )
+    ada.set_defaults(run=_adapter)
+    from cco.interop import live
+
+    live.add_parser(commands)
     return top
 
 
