@@ -10,6 +10,8 @@ come from the code under test.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from cco.wire import cbor
@@ -154,14 +156,34 @@ def test_indefinite_lengths_and_reserved_additional_info_are_refused(hex_input: 
 # --- types outside the subset ----------------------------------------------------
 
 
-@pytest.mark.parametrize("hex_input", ["c100", "d818f6", "f93c00", "fa3f800000", "fb3ff0000000000000"])
+@pytest.mark.parametrize(
+    "hex_input", ["c100", "d818f6", "f93c00", "f90001", "fa3f800000", "fb3ff0000000000000"]
+)
 def test_tags_and_floats_are_refused(hex_input: str) -> None:
     assert refused(hex_input).code is ErrorCode.MALFORMED_CBOR
 
 
-@pytest.mark.parametrize("hex_input", ["e0", "f3", "f7", "f820", "f8ff"])
+@pytest.mark.parametrize(
+    "hex_input",
+    [
+        "e0",
+        "f3",
+        "f7",
+        "f810",
+        "f814",
+        "f815",
+        "f816",
+        "f820",
+        "f8ff",
+    ],  # f814..f816: false/true/null, long form
+)
 def test_simple_values_other_than_false_true_null_are_refused(hex_input: str) -> None:
     assert refused(hex_input).code is ErrorCode.MALFORMED_CBOR
+
+
+@pytest.mark.parametrize("hex_input", ["c100", "d818f6", "c0f6"])
+def test_tag_is_named_as_such(hex_input: str) -> None:
+    assert "tag" in refused(hex_input).detail
 
 
 def test_false_true_null_bytes_and_text_decode() -> None:
@@ -215,12 +237,32 @@ def test_container_limit_is_inclusive_for_arrays_and_maps() -> None:
     assert refused("a3010102020303", limits).code is ErrorCode.MESSAGE_TOO_LARGE
 
 
+def test_default_limits_are_the_drafts() -> None:
+    """Draft section "Limits": nesting depth 16 below the top-level item, 65536 elements
+    or pairs per container, strings up to 64 MiB.  A claim just at a limit passes the
+    limit check and then fails for want of bytes (MALFORMED_CBOR); one above fails the
+    limit check itself (MESSAGE_TOO_LARGE), so nothing that large is ever allocated."""
+    assert cbor.decode(bytes.fromhex("81" * 16 + "00")) is not None
+    assert refused("81" * 17 + "00").code is ErrorCode.MESSAGE_TOO_LARGE
+    for at_limit, above in [
+        ("9a00010000", "9a00010001"),  # array of 65536 / 65537 elements
+        ("ba00010000", "ba00010001"),  # map of 65536 / 65537 pairs
+        ("5a04000000", "5a04000001"),  # byte string of 64 MiB / 64 MiB + 1
+        ("7a04000000", "7a04000001"),  # text string of 64 MiB / 64 MiB + 1
+    ]:
+        assert refused(at_limit).code is ErrorCode.MALFORMED_CBOR, at_limit
+        assert refused(above).code is ErrorCode.MESSAGE_TOO_LARGE, above
+
+
 def test_depth_limit_is_inclusive() -> None:
     limits = cbor.DecodeLimits(max_depth=3)
     assert cbor.decode(bytes.fromhex("81818100"), limits) == [[[0]]]  # the 0 is at depth 3
     assert refused("8181818100", limits).code is ErrorCode.MESSAGE_TOO_LARGE
     assert cbor.decode(bytes.fromhex("a101a101a10100"), limits) == {1: {1: {1: 0}}}  # keys count too
     assert refused("a101a101a10100", cbor.DecodeLimits(max_depth=2)).code is ErrorCode.MESSAGE_TOO_LARGE
+    # A key is one level down, like a value, and depth is checked before the key's type.
+    assert refused("a1818100f6", limits).code is ErrorCode.MALFORMED_CBOR  # key [[0]]: depth 3
+    assert refused("a181818100f6", limits).code is ErrorCode.MESSAGE_TOO_LARGE  # key [[[0]]]: depth 4
 
 
 # --- the encoder ---------------------------------------------------------------------
@@ -260,10 +302,11 @@ def test_encoder_refuses_values_outside_the_subset(value: object) -> None:
     assert info.value.code is ErrorCode.INVALID_FIELD
 
 
-def test_encoder_depth_limit() -> None:
-    nested: object = 0
+@pytest.mark.parametrize("wrap", [lambda inner: [inner], lambda inner: {1: inner}], ids=["array", "map"])
+def test_encoder_depth_limit(wrap: Any) -> None:
+    nested: Any = 0
     for _ in range(cbor.DEFAULT_LIMITS.max_depth):
-        nested = [nested]
-    assert cbor.decode(cbor.encode(nested)) == nested  # type: ignore[arg-type]
+        nested = wrap(nested)
+    assert cbor.decode(cbor.encode(nested)) == nested
     with pytest.raises(EncodeError):
-        cbor.encode([nested])  # type: ignore[list-item]
+        cbor.encode(wrap(nested))
