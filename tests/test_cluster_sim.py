@@ -594,6 +594,30 @@ def test_losing_an_endpoint_fails_in_flight_operations_then_the_rest_continue() 
     assert result is not None and result.tolist() == [round(Fraction(7 * sum(live), len(live)))] * 3
 
 
+def test_a_failure_storm_in_a_three_level_tree_still_gives_every_rank_the_exact_result() -> None:
+    """64 endpoints under three levels of aggregators (fan-in 4), a tenth of the tree's
+    aggregators killed while an all-reduce is in flight: the tree is re-planned (one
+    epoch per loss), the operation starts again there, and every endpoint gets the
+    same exact result (benchmarks/bench_failure_storm.py runs it with 1024)."""
+    world = 64
+    params = dataclasses.replace(PARAMS, chunk_elements=16, operation_timeout_ms=20_000)
+    d = build_cluster([GroupSpec(GROUP, world)], aggregators=30, params=params, max_fan_in=4, seed=33)
+    tree = [a for a in d.aggregators if d.aggregator(a).group_epoch(GROUP) is not None]
+    assert len(tree) == 16 + 4 + 1, "three levels: 16 leaves, 4 middle, a root"
+    data = {r: np.full(40, r - 20, np.int32) for r in range(world)}
+    op_ids = d.start(
+        GROUP, {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=data[r]) for r in range(world)}
+    )
+    for _ in range(world):
+        d.cluster.step()
+    for victim in tree[::10]:  # 3 of the 21
+        d.cluster.kill(victim)
+    d.cluster.run(lambda: len(d.outcomes(GROUP, op_ids)) == world, duration=60.0)
+    result = identical(d.outcomes(GROUP, op_ids))
+    assert result is not None and result.tolist() == [sum(r - 20 for r in range(world))] * 40
+    assert d.endpoint(GROUP, 0).epoch > 1
+
+
 def test_losing_an_aggregator_replans_the_tree() -> None:
     params = dataclasses.replace(PARAMS, heartbeat_interval_ms=100)
     d = build_cluster([GroupSpec(GROUP, WORLD)], aggregators=3, params=params, max_fan_in=5, seed=10)
