@@ -226,8 +226,9 @@ def answer(request: Json, operations: dict[str, Callable[[Json], Json]] = OPERAT
         return {"id": ident, "bad_request": f"{type(error).__name__}: {error}"}
 
 
-def serve(stdin: TextIO, stdout: TextIO) -> None:
-    """Answer requests line by line until stdin closes."""
+def serve(stdin: TextIO, stdout: TextIO, operations: dict[str, Callable[[Json], Json]] = OPERATIONS) -> None:
+    """Answer requests line by line until stdin closes (``operations``: what this
+    adapter supports; a variant with fewer or different ones is a one-line change)."""
     for line in stdin:
         if not line.strip():
             continue
@@ -237,7 +238,7 @@ def serve(stdin: TextIO, stdout: TextIO) -> None:
             response: Json = {"id": None, "bad_request": f"not JSON: {error}"}
         else:
             response = (
-                answer(request) if isinstance(request, dict) else {"id": None, "bad_request": "not an object"}
+                answer(request, operations) if isinstance(request, dict) else {"id": None, "bad_request": "not an object"}
             )
         stdout.write(json.dumps(response) + "\n")
         stdout.flush()

@@ -210,12 +210,12 @@ def run_flipping_aggregator(argv: list[str]) -> int:
 def main() -> int:
     role = os.environ.get("ROLE", "")
     fault = os.environ.get("CCO_INTEROP_FAULT")
-    if role not in ROLES or (fault is not None and (fault not in FAULTS or role != "aggregator")):
+    if role not in ROLES or (fault is not None and fault not in FAULTS):
         return UNSUPPORTED
     argv = node_argv(role)
     if role == "endpoint":
         return run_endpoint(argv)
-    if fault == "flip-result":
+    if fault == "flip-result" and role == "aggregator":  # other roles run as usual
         return run_flipping_aggregator(argv)
     from cco.cli import main as node_main
 
