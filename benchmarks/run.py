@@ -498,7 +498,7 @@ def sweep(args: argparse.Namespace) -> dict[str, Any]:
             row = [f"{net.describe():40}", f"{human(size):>8}", fmt_result(cco.get(size))]
             row += [fmt_result(gloo.get(size)) if gloo else "not measured"]
             bound = net.bound(size, ring=False)
-            row += [f"S/R {bound:.3f} s" if bound else ""]
+            row += [f"S/R {bound:.3g} s" if bound else ""]
             print("  ".join(row), flush=True)
     return {"runs": runs, "points": points}
 
