@@ -288,7 +288,7 @@ def chunk_elements_limit(capabilities: Capabilities | None, world_size: int, blo
         return MAX_CHUNK_ELEMENTS
     room = capabilities.max_message_size - CHUNK_HEADER_BOUND - (world_size + 7) // 8
     full_blocks, rest = divmod(room, 8 * block_elements + 10)
-    partial = min(block_elements - 1, max(0, (rest - 10) // 8))
+    partial = max(0, (rest - 10) // 8)  # below block_elements, as rest < 8 * block_elements + 10
     return min(capabilities.max_chunk_elements, full_blocks * block_elements + partial)
 
 
@@ -505,7 +505,10 @@ class RendezvousMachine:
             )
             return
         if event.node_id in self._node_peers:
-            out.append(ClosePeer(event.peer, ErrorCode.UNAUTHORIZED, f"{event.node_id} is already connected"))
+            # an Error first: the refused node learns why and does not try again blindly
+            detail = f"{event.node_id} is already connected"
+            out.append(SendMessage(event.peer, Error(code=ErrorCode.UNAUTHORIZED, detail=detail)))
+            out.append(ClosePeer(event.peer, ErrorCode.UNAUTHORIZED, detail))
             return
         state = PeerState.ENDPOINT if event.role is Role.ENDPOINT else PeerState.REGISTERING
         self._peers[event.peer] = _Peer(
