@@ -71,8 +71,9 @@ def test_exit_127_shows_as_unsupported_not_failed(tmp_path: Path) -> None:
     no_endpoint.write_text(f'#!/bin/sh\n[ "$ROLE" = endpoint ] && exit 127\nexec {OURS}\n')
     no_endpoint.chmod(0o755)
     out = tmp_path / "matrix.json"
+    impl = f"partial={shlex.quote(str(no_endpoint))}"
     result = subprocess.run(
-        [sys.executable, "-m", "cco.interop.cli", "live", "--impl", f"partial={shlex.quote(str(no_endpoint))}",
+        [sys.executable, "-m", "cco.interop.cli", "live", "--impl", impl,
          "--case", "join-refused", "--case", "tamper", "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=110,
     )  # fmt: skip

@@ -55,7 +55,7 @@ def test_our_adapter_passes_every_vector_through_the_cli(tmp_path: Path) -> None
     assert "OK" in result.stdout
 
 
-def test_an_adapter_flipping_a_bit_in_encoded_messages_fails_exactly_the_encoding_vectors(tmp_path: Path) -> None:
+def test_an_adapter_flipping_a_bit_in_encoded_messages_fails_exactly_those_vectors(tmp_path: Path) -> None:
     command = _variant(
         tmp_path,
         "def flip(req):\n"
@@ -83,7 +83,8 @@ def test_an_adapter_without_combine_is_unsupported_there_and_passes_elsewhere(tm
         total = len(json.loads((VECTORS / file_name).read_text()))
         assert summary[file_name]["unsupported"] == total, file_name
     refusals = summary["payload_verify_failures.json"]["vectors"]
-    stages = {v["name"]: v["stage"] for v in json.loads((VECTORS / "payload_verify_failures.json").read_text())}
+    listed = json.loads((VECTORS / "payload_verify_failures.json").read_text())
+    stages = {v["name"]: v["stage"] for v in listed}
     for name, outcome in refusals.items():
         want = vectormode.UNSUPPORTED if stages[name] == "combine" else vectormode.PASSED
         assert outcome["outcome"] == want, name

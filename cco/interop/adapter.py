@@ -237,9 +237,8 @@ def serve(stdin: TextIO, stdout: TextIO, operations: dict[str, Callable[[Json], 
         except json.JSONDecodeError as error:
             response: Json = {"id": None, "bad_request": f"not JSON: {error}"}
         else:
-            response = (
-                answer(request, operations) if isinstance(request, dict) else {"id": None, "bad_request": "not an object"}
-            )
+            not_object: Json = {"id": None, "bad_request": "not an object"}
+            response = answer(request, operations) if isinstance(request, dict) else not_object
         stdout.write(json.dumps(response) + "\n")
         stdout.flush()
 
