@@ -20,6 +20,7 @@ from cco.transport import LinkClosed, LocalIdentity, PeerLink, Server, Transport
 from cco.transport.certs import create_dev_pki
 from cco.transport.handshake import negotiate
 from cco.transport.link import CONTROL_STREAM_ID, LinkProtocol
+from cco.transport.udp import BatchedUdpTransport
 from cco.wire.errors import CcoError, DecodeError, EncodeError, ErrorCode
 from cco.wire.framing import encode_frame
 from cco.wire.messages import (
@@ -589,13 +590,13 @@ def test_unread_messages_stall_the_sender(pki: Path) -> None:
 class _RecordingTransport:
     """Wraps a datagram transport to record the size of every datagram sent."""
 
-    def __init__(self, inner: asyncio.DatagramTransport) -> None:
+    def __init__(self, inner: BatchedUdpTransport) -> None:
         self.inner = inner
         self.sizes: list[int] = []
 
-    def sendto(self, data: bytes, addr: Any = None) -> None:
-        self.sizes.append(len(data))
-        self.inner.sendto(data, addr)
+    def send_datagrams(self, datagrams: list[bytes], addr: Any) -> None:
+        self.sizes += [len(data) for data in datagrams]
+        self.inner.send_datagrams(datagrams, addr)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

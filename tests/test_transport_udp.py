@@ -107,3 +107,57 @@ def test_sends_wait_for_a_writable_socket_in_order() -> None:
         assert inbox.datagrams == [b"\x00", b"\x01", b"\x02"]
 
     asyncio.run(main())
+
+
+class _NoGsoSocket(_FullSocket):
+    """A real socket whose kernel refuses segmentation offload."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__(sock, refusals=0)
+        self.refused = 0
+
+    def sendmsg(self, *args: Any) -> int:
+        self.refused += 1
+        raise OSError(5, "Input/output error")
+
+
+def _mixed_datagrams() -> list[bytes]:
+    # Runs of one size (longer than one GSO send), a shorter datagram ending a run,
+    # and a size change: the order and every boundary must survive.
+    sizes = [1200] * 70 + [700] + [1200] * 3 + [5000] * 2 + [40]
+    return [bytes([index % 256]) * size for index, size in enumerate(sizes)]
+
+
+async def _send_batch(no_gso: bool) -> tuple[list[bytes], bool, int]:
+    loop = asyncio.get_running_loop()
+    receiver = await open_udp(Recorder(), "127.0.0.1", 0)
+    receiver.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+    inbox = receiver._protocol
+    assert isinstance(inbox, Recorder)
+    raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    raw.bind(("127.0.0.1", 0))
+    sock: Any = _NoGsoSocket(raw) if no_gso else raw
+    sender = BatchedUdpTransport(loop, sock, Recorder())
+    datagrams = _mixed_datagrams()
+    sender.send_datagrams(datagrams, receiver.get_extra_info("sockname"))
+    sender.send_datagrams(datagrams[:2], receiver.get_extra_info("sockname"))
+    while len(inbox.datagrams) < len(datagrams) + 2:
+        await asyncio.sleep(0.01)
+    gso = sender._gso
+    sender.close()
+    receiver.close()
+    return inbox.datagrams, gso, sock.refused if no_gso else 0
+
+
+def test_a_batch_keeps_every_datagram_and_its_order() -> None:
+    received, gso, _ = asyncio.run(_send_batch(no_gso=False))
+    datagrams = _mixed_datagrams()
+    assert received == datagrams + datagrams[:2]
+    assert gso  # Linux loopback accepts UDP_SEGMENT
+
+
+def test_without_segmentation_offload_datagrams_go_one_by_one() -> None:
+    received, gso, refused = asyncio.run(_send_batch(no_gso=True))
+    datagrams = _mixed_datagrams()
+    assert received == datagrams + datagrams[:2]
+    assert not gso and refused == 1  # refused once, then never tried again

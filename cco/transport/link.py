@@ -48,6 +48,7 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
+from typing import cast
 
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.quic import events
@@ -57,6 +58,7 @@ from aioquic.tls import AlertDescription
 from cco.transport.config import TransportConfig
 from cco.transport.connection import CcoQuicConnection
 from cco.transport.handshake import LocalIdentity, Session, accept_hello_ack, build_hello, negotiate
+from cco.transport.udp import BatchedUdpTransport
 from cco.wire.errors import CcoError, DecodeError, ErrorCode
 from cco.wire.framing import FrameDecoder, encode_frame
 from cco.wire.messages import (
@@ -179,9 +181,27 @@ class LinkProtocol(QuicConnectionProtocol):
     # --- the one transmit path ---------------------------------------------------
 
     def transmit(self) -> None:
-        """Send what QUIC has ready; the only place datagrams leave this link."""
+        """Send what QUIC has ready; the only place datagrams leave this link.
+
+        aioquic's own ``transmit`` sends datagram by datagram; here the whole batch
+        goes to :meth:`BatchedUdpTransport.send_datagrams` (few system calls), and
+        the connection timer is re-armed as aioquic does (its ``_timer``,
+        ``_timer_at`` and ``_handle_timer``).
+        """
         self._transmit_handle = None
-        super().transmit()
+        batch: dict[object, list[bytes]] = {}
+        for data, addr in self._quic.datagrams_to_send(now=self._loop.time()):
+            batch.setdefault(addr, []).append(data)
+        transport = cast(BatchedUdpTransport, self._transport)
+        for addr, datagrams in batch.items():
+            transport.send_datagrams(datagrams, addr)
+        timer_at = self._quic.get_timer()
+        if self._timer is not None and self._timer_at != timer_at:
+            self._timer.cancel()
+            self._timer = None
+        if self._timer is None and timer_at is not None:
+            self._timer = self._loop.call_at(timer_at, self._handle_timer)
+        self._timer_at = timer_at
         self._wake_drainers()
         if self._pending_close is not None and self._flushed():
             self._close_quic()
