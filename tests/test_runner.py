@@ -1,0 +1,106 @@
+"""The machine runner with a scripted machine and in-memory links: no sockets.
+
+What is checked is the runner's own duty between a machine and its links, here
+that a message for a link which closed meanwhile is dropped, as for a departed
+peer, instead of killing the link's task with a traceback (seen in the demo when an
+endpoint left: the machine closed its parent, then answered a message already
+queued from it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from cco.nodes.events import (
+    ClosePeer,
+    Command,
+    ConnectTo,
+    Input,
+    MessageReceived,
+    PeerDisconnected,
+    SendMessage,
+)
+from cco.services.runner import MachineRunner
+from cco.transport.link import LinkClosed
+from cco.wire.errors import ErrorCode
+from cco.wire.messages import Heartbeat, Message
+from cco.wire.registries import Role
+
+
+class FakeLink:
+    """What the runner uses of a PeerLink; sending on it after close() raises LinkClosed."""
+
+    node_id = "peer-node"
+    role = Role.ENDPOINT
+    capabilities = None
+
+    def __init__(self) -> None:
+        self.inbox: asyncio.Queue[Message | LinkClosed] = asyncio.Queue()
+        self.sent: list[Message] = []
+        self.closed: tuple[ErrorCode, str] | None = None
+
+    async def receive(self) -> Message:
+        item = await self.inbox.get()
+        if isinstance(item, LinkClosed):
+            raise item
+        return item
+
+    def send(self, message: Message) -> None:
+        if self.closed is not None:
+            raise LinkClosed(*self.closed)
+        self.sent.append(message)
+
+    def close(self, code: ErrorCode, detail: str) -> None:
+        self.closed = (code, detail)
+
+
+class CloseThenAnswer:
+    """On each message: close the sender's link, then answer it anyway."""
+
+    def __init__(self) -> None:
+        self.seen: list[Input] = []
+
+    def handle(self, event: Input, now: float) -> list[Command]:
+        self.seen.append(event)
+        if isinstance(event, MessageReceived):
+            return [
+                ClosePeer(event.peer, ErrorCode.NO_ERROR, "done"),
+                SendMessage(event.peer, Heartbeat(seq=1)),
+            ]
+        return []
+
+    def next_deadline(self) -> float | None:
+        return None
+
+
+def test_a_message_for_a_link_closed_meanwhile_is_dropped(caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> None:
+        machine = CloseThenAnswer()
+
+        def no_dialling(command: ConnectTo) -> asyncio.Task[object]:
+            raise AssertionError("nothing to dial")
+
+        runner = MachineRunner(machine, no_dialling)  # type: ignore[arg-type]
+        link = FakeLink()
+        peer = runner.attach(link)  # type: ignore[arg-type]
+        link.inbox.put_nowait(Heartbeat(seq=7))
+        link.inbox.put_nowait(LinkClosed(ErrorCode.NO_ERROR, "done"))
+        for _ in range(100):
+            if any(isinstance(event, PeerDisconnected) for event in machine.seen):
+                break
+            await asyncio.sleep(0.01)
+        assert link.closed == (ErrorCode.NO_ERROR, "done") and link.sent == []
+        assert [type(event).__name__ for event in machine.seen] == [
+            "PeerConnected",
+            "MessageReceived",
+            "PeerDisconnected",
+        ], "the link's task lived on to report the disconnection"
+        assert machine.seen[-1] == PeerDisconnected(peer=peer, code=ErrorCode.NO_ERROR, detail="done")
+        await runner.close()
+
+    with caplog.at_level(logging.DEBUG, logger="cco.services.runner"):
+        asyncio.run(asyncio.wait_for(scenario(), 10))
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
