@@ -899,6 +899,22 @@ def failure_vectors() -> list[Vector]:
             None,
             message=_with_keys(honest, {7: bytes(honest_header.scales or b"") + b"\x00\x00"}).hex(),
         ),
+        _failure(
+            "quantize_rounds_above_sum_limit",
+            "OVERFLOW is decided on the rounded integer: with W = 1 byte and N = 1, Q = 127; at scale 0, "
+            "127.25 rounds to 127 and fits, 127.5 rounds half to even to 128 > Q and is OVERFLOW (the input "
+            "changed after its proposal).",
+            "element 1 is 127.5 at the agreed scale 0 (element 0, 127.25, alone would fit)",
+            "quantize",
+            ErrorCode.OVERFLOW,
+            None,
+            dtype=int(DType.FLOAT32),
+            world_size=1,
+            width=1,
+            block_elements=16,
+            scales=[0],
+            input_bits=np.array([127.25, 127.5], dtype="<f4").tobytes().hex(),
+        ),
     ]
 
 
@@ -927,6 +943,15 @@ def check_failure(v: Vector) -> list[str]:
             )
         elif stage == "sum_limit":
             blockscale.sum_limit(v["width"], v["world_size"])
+        elif stage == "quantize":
+            x = np.frombuffer(from_hex(v["input_bits"]), dtype=STORAGE[DType(v["dtype"])])
+            blockscale.quantize(
+                x,
+                element_type(DType(v["dtype"])),
+                np.array(v["scales"], dtype=np.int16),
+                v["block_elements"],
+                blockscale.sum_limit(v["width"], v["world_size"]),
+            )
         elif stage == "decode":
             decode_message(from_hex(v["message"]))
         elif stage == "combine":
