@@ -225,8 +225,8 @@ def check_payload_failure(call: Call, v: Json) -> None:
         wanted = ("dtype", "width", "world_size", "block_elements", "input_bits")
         refused(call("propose", **{k: v[k] for k in wanted}), v["error_code"], "propose")
     elif stage == "quantize":
-        wanted = ("dtype", "width", "world_size", "block_elements", "scales", "input_bits")
-        refused(call("quantize", **{k: v[k] for k in wanted}), v["error_code"], "quantize")
+        keys = ("dtype", "width", "world_size", "block_elements", "scales", "input_bits")
+        refused(call("quantize", **{k: v[k] for k in keys}), v["error_code"], "quantize")
     elif stage == "sum_limit":
         refused(call("sum_limit", width=v["width"], world_size=v["world_size"]), v["error_code"], "sum_limit")
     else:
