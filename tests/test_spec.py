@@ -191,3 +191,23 @@ def test_field_table_matches_the_code(document: ET.Element, struct: type[Struct]
     drafted = [(int(row[0]), row[1], "(optional)" in row[2]) for row in _rows(document, _anchor(struct))]
     coded = [(spec.key, name, spec.optional) for name, spec in struct.wire_fields()]
     assert drafted == coded
+
+
+def test_no_sentence_speaks_of_the_version_1_scale_field(build: Build) -> None:
+    """Version 2 has per-block scales (key 7 "scales"); the single "scale" field, and the
+    rule that it is 0 for integers and bit-exact kinds, are gone from every section."""
+    text = " ".join(build.text.read_text(encoding="utf-8").split())
+    stale = re.findall(r"[^.]*\b(?:scale field|scale (?:is|must be) 0|field scale)\b[^.]*\.", text, re.I)
+    assert not stale, stale
+
+
+def test_cddl_comments_say_what_the_field_tables_say() -> None:
+    """The comments the issue found disagreeing with the tables now agree with them."""
+    cddl = CDDL.read_text(encoding="utf-8")
+    messages = (SPEC / "sections" / "messages.xml").read_text(encoding="utf-8")
+    assert "capacity: groups it can serve at once" in cddl
+    assert "The number of groups the aggregator can serve at once." in messages
+    assert "window: chunks an endpoint may have outstanding, all operations" in cddl
+    assert "across all its operations" in messages
+    assert "operation-timeout-ms: deadline for one chunk slot of an operation" in cddl
+    assert "for completing one chunk slot of an operation" in messages
