@@ -224,8 +224,11 @@ class Communicator:
     async def __aenter__(self) -> Communicator:
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+    async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        """Close; collectively (at a barrier) only when the block ended normally: after an
+        exception, KeyboardInterrupt or cancellation the rank leaves at once, and the
+        other ranks' collectives fail naming it instead of waiting for it."""
+        await self.close(linger=exc_type is None)
 
     def _on_command(self, command: Command) -> None:
         if isinstance(command, Joined):

@@ -103,43 +103,70 @@ class LocalCluster:
         nodes += [(f"agg-{i}", Role.AGGREGATOR) for i in range(self.spec.aggregators)]
         nodes += [(f"ep-{i}", Role.ENDPOINT) for i in range(self.spec.endpoints)]
         create_dev_pki(self.pki, nodes)
-        rendezvous = f"{HOST}:{self.rendezvous_port}"
-        self._infra.append(
-            self._spawn(
-                "rendezvous",
-                [
-                    "--role",
-                    "rendezvous",
-                    *self._common("rendezvous"),
-                    "--listen",
-                    rendezvous,
-                    "--chunk-elements",
-                    str(self.spec.chunk_elements),
-                    "--window",
-                    str(self.spec.window),
-                ],
-            )
-        )
+        self._infra.append(self._spawn("rendezvous", self._rendezvous_args()))
         self._wait_for_line(self._infra[0], "listening", timeout)
         for i in range(self.spec.aggregators):
-            listen = f"{HOST}:{free_udp_port()}"
-            process = self._spawn(
-                f"agg-{i}",
-                [
-                    "--role",
-                    "aggregator",
-                    *self._common(f"agg-{i}"),
-                    "--listen",
-                    listen,
-                    "--rendezvous",
-                    rendezvous,
-                    "--max-fan-in",
-                    str(self.spec.max_fan_in),
-                ],
-            )
-            self._infra.append(process)
+            self._infra.append(self._spawn(f"agg-{i}", self._aggregator_args(f"agg-{i}")))
         for process in self._infra[1:]:
-            self._wait_for_line(process, "listening", timeout)
+            self._wait_for_line(process, "registered", timeout)
+
+    def _rendezvous_args(self) -> list[str]:
+        return [
+            "--role",
+            "rendezvous",
+            *self._common("rendezvous"),
+            "--listen",
+            f"{HOST}:{self.rendezvous_port}",
+            "--chunk-elements",
+            str(self.spec.chunk_elements),
+            "--window",
+            str(self.spec.window),
+        ]
+
+    def _aggregator_args(self, node_id: str) -> list[str]:
+        return [
+            "--role",
+            "aggregator",
+            *self._common(node_id),
+            "--listen",
+            f"{HOST}:{free_udp_port()}",
+            "--rendezvous",
+            f"{HOST}:{self.rendezvous_port}",
+            "--max-fan-in",
+            str(self.spec.max_fan_in),
+        ]
+
+    def restart_rendezvous(self, sig: signal.Signals = signal.SIGKILL, timeout: float = 30.0) -> None:
+        """Stop the rendezvous with ``sig`` and start it again on the same port."""
+        old = self._infra[0]
+        old.popen.send_signal(sig)
+        old.popen.wait(10)
+        old.log_handle.close()
+        old.log.rename(old.log.with_suffix(".before-restart.log"))
+        self._infra[0] = self._spawn("rendezvous", self._rendezvous_args())
+        self._wait_for_line(self._infra[0], "listening", timeout)
+
+    def start_aggregator(self, node_id: str) -> subprocess.Popen[str]:
+        """One more aggregator process (stopped with the cluster), with its own log."""
+        process = self._spawn(node_id, self._aggregator_args(node_id))
+        self._infra.append(process)
+        return process.popen
+
+    def start_endpoint(self, index: int, results: Path) -> subprocess.Popen[str]:
+        """Endpoint ``index`` running the workload in the background (stopped with the
+        cluster); :meth:`run_endpoints` is the blocking way to run them all."""
+        process = self._spawn(f"ep-{index}", self.endpoint_args(index, results))
+        self._infra.append(process)
+        return process.popen
+
+    def log(self, name: str) -> str:
+        """What node ``name`` has logged so far."""
+        path = self.workdir / f"{name}.log"
+        return path.read_text() if path.exists() else ""
+
+    def infrastructure(self, name: str) -> subprocess.Popen[str]:
+        """The rendezvous or aggregator process called ``name``."""
+        return next(p.popen for p in self._infra if p.name == name)
 
     def _wait_for_line(self, process: _Process, needle: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout

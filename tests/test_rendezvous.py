@@ -585,7 +585,11 @@ def test_roles_are_enforced() -> None:
     cmds = h.connect("rv2", Role.RENDEZVOUS)
     assert cmds == [ClosePeer("rv2", ErrorCode.UNAUTHORIZED, "role RENDEZVOUS has no business here")]
     cmds = h.feed(PeerConnected("dup", "agg", Role.AGGREGATOR))
-    assert [type(c) for c in cmds] == [ClosePeer]
+    # a second node with a taken id hears why (so it can stop) before the close
+    assert [type(c) for c in cmds] == [SendMessage, ClosePeer]
+    refusal = cmds[0].message  # type: ignore[union-attr]
+    assert isinstance(refusal, Error) and refusal.code is ErrorCode.UNAUTHORIZED
+    assert refusal.detail == "agg is already connected"
 
 
 def test_malformed_input_is_answered_and_the_connection_closed() -> None:

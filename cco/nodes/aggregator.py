@@ -335,6 +335,9 @@ class AggregatorMachine:
     def __init__(self, config: AggregatorConfig) -> None:
         self.config = config
         self.node_id: str | None = None
+        self.refusal: CcoError | None = None
+        """Why the rendezvous refused this node's registration (it will not be accepted
+        by asking again: its node id is taken, or its offer is invalid)."""
         self._state = NodeState.DETACHED
         self._rendezvous: PeerId | None = None
         self._heartbeat_interval = 0.0
@@ -541,6 +544,7 @@ class AggregatorMachine:
         if isinstance(message, Error):
             if self._state is NodeState.DETACHED:  # registration refused
                 peer, self._rendezvous = self._rendezvous, None
+                self.refusal = CcoError(message.code, f"registration refused: {message.detail}")
                 return [ClosePeer(peer, message.code, "registration refused")]
             return []
         if isinstance(message, TreeAssignment):

@@ -65,10 +65,14 @@ class NodeService:
     def _accepted(self, link: PeerLink) -> None:
         self.runner.attach(link)
 
-    async def join_rendezvous(self, host: str, port: int, rendezvous_id: str) -> None:
-        """Dial the rendezvous; the machine sees it as peer ``RENDEZVOUS_PEER``."""
+    async def join_rendezvous(
+        self, host: str, port: int, rendezvous_id: str, peer: str = RENDEZVOUS_PEER
+    ) -> None:
+        """Dial the rendezvous; the machine sees it as ``peer`` (a fresh name for each
+        connection of a node that registers again, so that a late report about the
+        old connection cannot be taken for the new one)."""
         link = await connect(host, port, self.transport, self.identity, rendezvous_id, self.connect_timeout)
-        self.runner.attach(link, RENDEZVOUS_PEER)
+        self.runner.attach(link, peer)
 
     def _dial(self, command: ConnectTo) -> asyncio.Task[PeerLink]:
         return asyncio.ensure_future(

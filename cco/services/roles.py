@@ -25,7 +25,7 @@ import numpy as np
 
 from cco.client import Communicator, GroupSpec
 from cco.config import NodeConfig, parse_hostport
-from cco.nodes.aggregator import AggregatorConfig, AggregatorMachine
+from cco.nodes.aggregator import AggregatorConfig, AggregatorMachine, NodeState
 from cco.nodes.endpoint import CollectiveRequest
 from cco.nodes.rendezvous import GroupConfig, RendezvousConfig, RendezvousMachine
 from cco.services.node import NodeService
@@ -76,13 +76,30 @@ def parse_group_id(text: str) -> bytes:
     return group_id
 
 
-async def _until_signalled() -> None:
+REGISTRATION_REFUSED = 3
+"""Exit status of an aggregator whose registration the rendezvous refused (asking
+again would not help: a service manager should not restart it unchanged)."""
+RETRY_FIRST, RETRY_MAX = 1.0, 30.0
+"""Backoff between attempts to reach a lost rendezvous: doubling, capped."""
+
+
+def _stop_event() -> asyncio.Event:
+    """Set on SIGINT or SIGTERM: every role stops gracefully."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    return stop
+
+
+async def _until_signalled() -> None:
+    await _stop_event().wait()
+
+
+async def _pause(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
 
 
 async def run_rendezvous(cfg: NodeConfig) -> int:
@@ -126,11 +143,10 @@ async def run_aggregator(cfg: NodeConfig) -> int:
     )
     service = NodeService(machine, cfg.require("node_id"), Role.AGGREGATOR, transport_config(cfg))
     await service.listen(host, port)
-    rv_host, rv_port = parse_hostport(cfg.rendezvous)
-    await service.join_rendezvous(rv_host, rv_port, cfg.rendezvous_id)
     log.info("aggregator %s listening on %s:%d", cfg.node_id, host, port)
+    stop = _stop_event()
     try:
-        await _until_signalled()
+        return await _stay_registered(service, machine, cfg, stop)
     finally:
         log.info(
             "aggregator %s peak slot memory %d bytes, peak RSS %d bytes",
@@ -139,6 +155,47 @@ async def run_aggregator(cfg: NodeConfig) -> int:
             peak_rss_bytes(),
         )
         await service.close()
+
+
+async def _stay_registered(
+    service: NodeService, machine: AggregatorMachine, cfg: NodeConfig, stop: asyncio.Event
+) -> int:
+    """Register with the rendezvous, and again whenever it is lost (a restart, a
+    network failure), waiting 1 s, 2 s, 4 s ... up to 30 s between attempts, until
+    SIGINT or SIGTERM (exit 0) or a refused registration (exit REGISTRATION_REFUSED)."""
+    rv_host, rv_port = parse_hostport(cfg.rendezvous)
+    delay, attempt, reported = RETRY_FIRST, 0, NodeState.DETACHED
+    while not stop.is_set():
+        if machine.refusal is not None:
+            log.error("aggregator %s: %s; exiting", cfg.node_id, machine.refusal.detail)
+            return REGISTRATION_REFUSED
+        if machine.state is not reported:
+            if machine.state is NodeState.REGISTERED:
+                log.info("aggregator %s registered with rendezvous %s", cfg.node_id, cfg.rendezvous)
+            elif machine.state is NodeState.DETACHED:
+                log.warning("aggregator %s lost rendezvous %s", cfg.node_id, cfg.rendezvous)
+            reported = machine.state
+        if machine.state is not NodeState.DETACHED:
+            await _pause(stop, 0.2)
+            continue
+        attempt += 1
+        try:
+            await service.join_rendezvous(rv_host, rv_port, cfg.rendezvous_id, peer=f"rendezvous#{attempt}")
+        except (CcoError, OSError, TimeoutError) as exc:
+            log.warning(
+                "aggregator %s: rendezvous %s unreachable (%s); again in %g s",
+                cfg.node_id,
+                cfg.rendezvous,
+                exc,
+                delay,
+            )
+            await _pause(stop, delay)
+            delay = min(2 * delay, RETRY_MAX)
+            continue
+        if attempt > 1:
+            log.info("aggregator %s: registering again with rendezvous %s", cfg.node_id, cfg.rendezvous)
+        delay = RETRY_FIRST
+        await _pause(stop, 0.2)
     return 0
 
 
@@ -161,24 +218,40 @@ async def run_endpoint(cfg: NodeConfig) -> int:
         rendezvous=cfg.rendezvous,
         rendezvous_id=cfg.rendezvous_id,
     )
+    stop = _stop_event()
     comm = await Communicator.join(spec, cfg.require("node_id"), transport_config(cfg))
     log.info("%s joined as rank %d of %d", cfg.node_id, comm.rank, comm.world_size)
+    workload = asyncio.ensure_future(_workload(comm, cfg))
+    stopping = asyncio.ensure_future(stop.wait())
     try:
-        if cfg.workload == "conformance":
-            summary = await _conformance(comm, cfg.elements)
-            arrays = summary.pop("arrays")
-            if cfg.results is not None:
-                np.savez(cfg.results, **arrays)
-        elif cfg.workload == "allreduce":
-            dtype = _workload_dtype(cfg.dtype)
-            summary = await _allreduce_rounds(comm, cfg.rounds, cfg.elements, dtype, cfg.width)
-            if cfg.results is not None:
-                Path(cfg.results).write_text(json.dumps(summary, indent=2) + "\n")
-        else:
-            raise CcoError(ErrorCode.INVALID_FIELD, f"unknown workload {cfg.workload!r}")
+        await asyncio.wait([workload, stopping], return_when=asyncio.FIRST_COMPLETED)
+        if stop.is_set() and not workload.done():
+            # SIGINT or SIGTERM: leave at once (no closing barrier) so that the other
+            # ranks' collectives fail naming this rank instead of waiting for it
+            log.info("%s: stopping on a signal; leaving the group", cfg.node_id)
+            workload.cancel()
+            await comm.close(linger=False)
+            return 0
+        await workload
     finally:
+        stopping.cancel()
         await comm.close()
     return 0
+
+
+async def _workload(comm: Communicator, cfg: NodeConfig) -> None:
+    if cfg.workload == "conformance":
+        summary = await _conformance(comm, cfg.elements)
+        arrays = summary.pop("arrays")
+        if cfg.results is not None:
+            np.savez(cfg.results, **arrays)
+    elif cfg.workload == "allreduce":
+        dtype = _workload_dtype(cfg.dtype)
+        summary = await _allreduce_rounds(comm, cfg.rounds, cfg.elements, dtype, cfg.width)
+        if cfg.results is not None:
+            Path(cfg.results).write_text(json.dumps(summary, indent=2) + "\n")
+    else:
+        raise CcoError(ErrorCode.INVALID_FIELD, f"unknown workload {cfg.workload!r}")
 
 
 def _workload_dtype(name: str) -> DType:
