@@ -215,7 +215,8 @@ def _connection_samples() -> list[Sample]:
             "hello-maximal",
             "Hello at every upper bound: 16 versions up to 2^32-1, a 255-byte node_id of three-byte "
             "UTF-8 characters, 64-entry capability lists, max_message_size 2^32-1, max_chunk_elements "
-            "2^20, extensions 2^32-64 .. 2^32-1.",
+            "2^20, extensions 2^32-64 .. 2^32-1.  A valid message: decoders check a node_id's length and "
+            "UTF-8 only; the a-z 0-9 - . alphabet binds certificates, so this Hello could never match one.",
             Hello(
                 versions=(*range(1, 16), U32_MAX),
                 role=Role.RENDEZVOUS,
@@ -375,7 +376,8 @@ def _membership_samples() -> list[Sample]:
         ),
         Sample(
             "aggregator-accept-max",
-            "AggregatorAccept with a 255-byte node_id and the longest heartbeat interval (600000 ms).",
+            "AggregatorAccept with a 255-byte node_id (three-byte UTF-8 characters: valid in a message, "
+            "outside the certificate alphabet) and the longest heartbeat interval (600000 ms).",
             AggregatorAccept(node_id=NODE_ID_MAX, heartbeat_interval_ms=600_000),
         ),
     ]
