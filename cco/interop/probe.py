@@ -83,12 +83,40 @@ def _hello(node_id: str) -> bytes:
 
 
 async def probe(
-    host: str, port: int, ca: str, cert: str, key: str, node_id: str, payload: bytes, timeout: float = 10.0
+    host: str,
+    port: int,
+    ca: str,
+    cert: str,
+    key: str,
+    node_id: str,
+    payload: bytes,
+    timeout: float = 10.0,
+    alpn: str = ALPN,
 ) -> ProbeOutcome:
-    """Connect as ``node_id`` (an endpoint certificate), say Hello, then send ``payload``
-    (raw bytes, framing included) on the control stream; collect the answers until
-    the server closes the connection or ``timeout`` passes."""
-    config = QuicConfiguration(is_client=True, alpn_protocols=[ALPN], verify_mode=ssl.CERT_NONE)
+    """Connect as ``node_id`` (an endpoint certificate) offering ``alpn``, say Hello,
+    then send ``payload`` (raw bytes, framing included) on the control stream; collect
+    the answers until the server closes the connection or ``timeout`` passes.  A
+    handshake the server refuses gives an outcome without ALPN and with its close code."""
+    try:
+        return await asyncio.wait_for(
+            _probe(host, port, ca, cert, key, node_id, payload, timeout, alpn), 3 * timeout
+        )
+    except ConnectionError as refused:
+        return ProbeOutcome(close_code=-1, close_reason=f"handshake refused: {refused}")
+
+
+async def _probe(
+    host: str,
+    port: int,
+    ca: str,
+    cert: str,
+    key: str,
+    node_id: str,
+    payload: bytes,
+    timeout: float,
+    alpn: str,
+) -> ProbeOutcome:
+    config = QuicConfiguration(is_client=True, alpn_protocols=[alpn], verify_mode=ssl.CERT_NONE)
     config.load_cert_chain(cert, key)
     config.load_verify_locations(cafile=ca)
     config.server_name = node_id  # any name: the probe does not check the server
