@@ -38,6 +38,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from importlib import metadata
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
@@ -380,9 +381,9 @@ def machine() -> dict[str, Any]:
         "load_average": os.getloadavg(),
     }
     if torch_available():
-        import torch
-
-        info["torch"] = torch.__version__
+        # Not imported: children forked from a big harness would inherit its ru_maxrss
+        # (Linux keeps the peak across exec), inflating the peaks the nodes report.
+        info["torch"] = metadata.version("torch")
     return info
 
 
