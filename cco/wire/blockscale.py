@@ -77,10 +77,10 @@ def _float_limit(limit: int) -> float:
 
 
 def _wide(values: np.ndarray, element: ElementType) -> np.ndarray:
-    """``values`` as binary64 (exact), bfloat16 inputs first rounded to bfloat16."""
+    """A binary64 copy of ``values`` (exact), bfloat16 inputs first rounded to bfloat16."""
     if element.code is DType.BFLOAT16:
         values = round_to_bfloat16(values)
-    return np.asarray(values, dtype=np.float64)
+    return np.array(values, dtype=np.float64)
 
 
 def _check_finite(values: np.ndarray, first: int) -> None:
@@ -123,6 +123,29 @@ def _per_element(scales: np.ndarray, block_elements: int, elements: int) -> np.n
     return np.repeat(np.asarray(scales, dtype=np.int64), block_elements)[:elements]
 
 
+_NORMAL_POWERS = 1022
+"""2^s is a normal binary64 number for |s| <= 1022."""
+
+
+def _times_power_of_two(values: np.ndarray, scales: np.ndarray, block_elements: int) -> np.ndarray:
+    """values * 2^s_b, element by element, correctly rounded (exact unless the product
+    leaves binary64's normal range), overwriting the binary64 array ``values``.
+
+    Multiplying by a normal power of two rounds exactly as ``ldexp`` does, and a
+    block-wise broadcast needs no per-element exponent array; ``ldexp`` remains for
+    the rare scales whose power of two is not a normal number."""
+    scales = np.asarray(scales, dtype=np.int64)
+    if len(scales) and int(np.abs(scales).max()) > _NORMAL_POWERS:
+        exact: np.ndarray = np.ldexp(values, _per_element(scales, block_elements, len(values)))
+        return exact
+    factors = np.ldexp(1.0, scales)
+    whole = len(values) // block_elements
+    values[: whole * block_elements].reshape(whole, block_elements)[...] *= factors[:whole, None]
+    if whole < len(factors):
+        values[whole * block_elements :] *= factors[whole]
+    return values
+
+
 def quantize(
     values: np.ndarray,
     element: ElementType,
@@ -134,17 +157,18 @@ def quantize(
     """round_half_even(x * 2^s_b) for every element as int64; OVERFLOW if a value is
     not finite or leaves [-limit, limit] (an input changed since it was proposed)."""
     wide = _wide(values, element)
-    _check_finite(wide, first)
     if len(scales) != block_count(len(wide), block_elements):
         raise CcoError(ErrorCode.INVALID_FIELD, f"{len(scales)} scales for {len(wide)} elements")
-    with np.errstate(over="ignore"):
-        scaled: np.ndarray = np.rint(np.ldexp(wide, _per_element(scales, block_elements, len(wide))))
-    outside = ~(np.abs(scaled) <= _float_limit(limit))  # also catches an infinity from ldexp
-    if outside.any():
-        bad = int(np.argmax(outside))
+    with np.errstate(over="ignore", invalid="ignore"):
+        scaled: np.ndarray = np.rint(_times_power_of_two(wide, scales, block_elements))
+    bound = _float_limit(limit)
+    if len(scaled) and not (scaled.max() <= bound and scaled.min() >= -bound):  # NaN fails too
+        original = _wide(values, element)
+        _check_finite(original, first)
+        bad = int(np.argmax(~(np.abs(scaled) <= bound)))
         raise CcoError(
             ErrorCode.OVERFLOW,
-            f"element {first + bad} ({float(wide[bad])!r}) does not fit the sum limit {limit} "
+            f"element {first + bad} ({float(original[bad])!r}) does not fit the sum limit {limit} "
             f"at scale {int(scales[bad // block_elements])}",
         )
     return scaled.astype(np.int64)
@@ -157,7 +181,9 @@ def dequantize(
     type; OVERFLOW if a result does not fit it."""
     values = np.asarray(values, dtype=np.int64)
     with np.errstate(over="ignore", under="ignore"):
-        decoded = np.ldexp(values.astype(np.float64), -_per_element(scales, block_elements, len(values)))
+        decoded = _times_power_of_two(
+            values.astype(np.float64), -np.asarray(scales, np.int64), block_elements
+        )
         if divisor != 1:
             decoded /= divisor
         if element.code is DType.BFLOAT16:
