@@ -60,7 +60,13 @@ TARGETS = (
     Target("cco/wire/cbor.py", ("tests/test_cbor.py", "tests/test_codec.py"), everything=True),
     Target(
         "cco/wire/mac.py",
-        ("tests/test_payload_mac.py", "tests/test_payload_vectors.py", "tests/test_payload_attacks.py"),
+        (
+            "tests/test_mac_keys.py",
+            "tests/test_payload_mac.py",
+            "tests/test_payload_vectors.py",
+            "tests/test_payload_attacks.py",
+            "tests/test_vectors.py",
+        ),
         everything=True,
     ),
     Target(
@@ -72,6 +78,7 @@ TARGETS = (
             "tests/test_payload_blockscale.py",
             "tests/test_payload_mac.py",
             "tests/test_payload_vectors.py",
+            "tests/test_vectors.py",
         ),
         everything=False,
     ),
