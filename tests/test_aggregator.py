@@ -7,6 +7,7 @@ every (state, input) pair of the machine's three transition tables.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -1022,3 +1023,15 @@ def test_block_scaled_chunks_must_use_the_groups_block_size() -> None:
     out = [c for r, part in enumerate(right) for c in rig.send(f"ep{r}", part)]
     (result,) = sent(out, "ep0", Result)
     assert result.width == 4 and unpack(result.payload, 4).tolist() == [3, 3, 3]  # two sums, 3 attestations
+
+
+def test_a_bad_first_part_is_refused_to_the_child_that_sent_it() -> None:
+    """The first part of a slot is kept as it is, so it is checked on arrival: a
+    missing tag is refused to its sender, and the honest children still complete."""
+    rig = root_rig()
+    untagged = dataclasses.replace(chunk(0), tag=None)
+    assert errors(rig.send("ep0", untagged), "ep0") == [ErrorCode.INVALID_FIELD]
+    assert rig.machine.open_slots(GROUP) == 0
+    rig.send("ep0", chunk(0))
+    rig.send("ep1", chunk(1))
+    assert len(sent(rig.send("ep2", chunk(2)), None, Result)) == 3

@@ -618,6 +618,22 @@ def test_a_failure_storm_in_a_three_level_tree_still_gives_every_rank_the_exact_
     assert d.endpoint(GROUP, 0).epoch > 1
 
 
+def test_losing_the_only_aggregator_fails_operations_with_no_aggregator_until_one_returns() -> None:
+    d = build_cluster([GroupSpec(GROUP, 4)], aggregators=1, params=PARAMS, max_fan_in=4, seed=34)
+    requests = {
+        r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=np.ones(40, np.int32)) for r in range(4)
+    }
+    op_ids = d.start(GROUP, requests)
+    d.cluster.step()
+    d.cluster.kill(d.aggregators[0])
+    d.cluster.run(lambda: len(d.outcomes(GROUP, op_ids)) == 4)
+    later = d.start(GROUP, requests)  # refused at once, not after a timeout
+    for outcome in [*d.outcomes(GROUP, op_ids).values(), *d.outcomes(GROUP, later).values()]:
+        assert isinstance(outcome, OperationFailed) and outcome.error.code is ErrorCode.NO_AGGREGATOR
+        assert "no aggregator can serve the group" in str(outcome.error)
+    assert len(d.outcomes(GROUP, later)) == 4 and d.cluster.now < PARAMS.operation_timeout_ms / 1000
+
+
 def test_losing_an_aggregator_replans_the_tree() -> None:
     params = dataclasses.replace(PARAMS, heartbeat_interval_ms=100)
     d = build_cluster([GroupSpec(GROUP, WORLD)], aggregators=3, params=params, max_fan_in=5, seed=10)

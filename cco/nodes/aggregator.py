@@ -823,7 +823,11 @@ class AggregatorMachine:
             result = group.results.get(key) if slot.state is SlotState.COMPLETE else None
             return [] if result is None else [SendMessage(peer, result)]
         try:
-            merged = message if slot.aggregate is None else payload.combine([slot.aggregate, message], _UP)
+            if slot.aggregate is None:
+                payload.check_part(message)  # kept as it is: checked now, not when the next part comes
+                merged = message
+            else:
+                merged = payload.combine([slot.aggregate, message], _UP)
         except CcoError as error:
             if not slot.fingerprints:  # the slot this part opened holds nothing: close it again
                 del group.slots[key]

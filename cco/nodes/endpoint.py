@@ -434,6 +434,7 @@ class EndpointMachine:
         self._epoch = 0
         self._members: frozenset[int] = frozenset()
         self._accepted: frozenset[int] = frozenset()
+        self._no_tree: str | None = None  # why no tree can be had (NO_AGGREGATOR), until one is assigned
         self._params: GroupParams | None = None
         self._keys: payload.GroupKeys | None = None
         self._assignment: TreeAssignment | None = None
@@ -528,6 +529,15 @@ class EndpointMachine:
         op_id = self._next_op_id - 1
         if self._members != self._accepted:
             return op_id, [OperationFailed(op_id, self._membership_error(op_id, request.kind))]
+        if self._no_tree is not None:
+            error = OperationError(
+                ErrorCode.NO_AGGREGATOR,
+                self._no_tree,
+                group_id=self.config.group_id,
+                op_id=op_id,
+                kind=request.kind,
+            )
+            return op_id, [OperationFailed(op_id, error)]
         timeout = request.timeout if request.timeout is not None else self._default_timeout()
         source = self._source(array) if sending else None
         placed = self._placement(request.kind, dtype, source)
@@ -810,6 +820,7 @@ class EndpointMachine:
         out: list[Command] = []
         if message.epoch > self._epoch:
             self._interrupt_all(f"the tree changed to epoch {message.epoch}")
+        self._no_tree = None
         self._epoch = message.epoch
         self._params = message.params
         self._assignment = message
@@ -834,8 +845,8 @@ class EndpointMachine:
             why = f"epoch changed to {message.epoch} ({message.code.name}); ranks {ranks_text(lost)} left"
             return self._fail_all(ErrorCode.PEER_LOST, why, lost)
         if message.code is ErrorCode.NO_AGGREGATOR:
-            why = f"epoch changed to {message.epoch}: no aggregator can serve the group"
-            return self._fail_all(ErrorCode.NO_AGGREGATOR, why, None)
+            self._no_tree = f"epoch changed to {message.epoch}: no aggregator can serve the group"
+            return self._fail_all(ErrorCode.NO_AGGREGATOR, self._no_tree, None)
         # the same members in a new tree: every operation in flight starts again there
         self._interrupt_all(
             f"epoch changed to {message.epoch} ({message.code.name}); the tree was re-planned"

@@ -801,7 +801,9 @@ class RendezvousMachine:
         for _, group in sorted(self._groups.items()):
             if group.plan is not None and lost is not None and lost in group.plan.aggregator_ids:
                 group.state = _move(GROUP_TABLE, group.state, "aggregators_changed")
-                self._end_epoch(group, ErrorCode.PEER_LOST, out)
+                # the members learn whether a new tree follows or none can be placed
+                code = ErrorCode.PEER_LOST if self._candidate(group) is not None else ErrorCode.NO_AGGREGATOR
+                self._end_epoch(group, code, out)
                 self._plan(group, out)
         self._retry_waiting(out)
         if lost is None:

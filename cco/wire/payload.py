@@ -250,27 +250,20 @@ def combine(parts: Sequence[ChunkMessage], cls: type[ChunkMessage]) -> ChunkMess
 
     seen = 0
     for part in parts:
-        bits = int.from_bytes(part.contributors, "little")
-        if bits == 0:
-            raise CcoError(ErrorCode.INVALID_FIELD, "a chunk has no contributors")
+        bits = _contributor_bits(part)
         if seen & bits:
             twice = sorted(ranks_from_bitmap((seen & bits).to_bytes(len(part.contributors), "little")))
             raise CcoError(ErrorCode.DUPLICATE_CONTRIBUTION, f"ranks {twice} are in two chunks")
         seen |= bits
 
-    tag: int | None = None
-    if semantics.verifiable:
-        if any(part.tag is None or not 0 <= part.tag < P for part in parts):
-            raise CcoError(ErrorCode.INVALID_FIELD, f"{header.op.name} chunks carry a tag in [0, p)")
-        tag = sum(part.tag for part in parts if part.tag is not None) % P
-    elif any(part.tag is not None for part in parts):
-        raise CcoError(ErrorCode.INVALID_FIELD, f"{header.op.name} chunks carry no tag")
+    for part in parts:
+        _check_tag(part, header)
+    tag = sum(part.tag for part in parts if part.tag is not None) % P if semantics.verifiable else None
 
     arrays = [_payload(part, header) for part in parts]
     if semantics.verifiable:
         for array in arrays:
-            if array.dtype.itemsize == 8 and not within_bound(*extremes(array)):
-                raise CcoError(ErrorCode.OVERFLOW, "an input value leaves [-B, B]")
+            _check_input_range(array)
         total = _accumulate(arrays, semantics.combine)
     else:  # MIN, MAX and the bitwise ops never leave the range of their inputs
         total = arrays[0].astype(np.int64)
@@ -282,6 +275,40 @@ def combine(parts: Sequence[ChunkMessage], cls: type[ChunkMessage]) -> ChunkMess
     width = header.width if header.width is not None else minimal_width(lo, hi)
     ranks = seen.to_bytes((seen.bit_length() + 7) // 8, "little")
     return _message(cls, header, ranks, width, narrow(total, width).tobytes(), tag)
+
+
+def check_part(message: ChunkMessage) -> None:
+    """What :func:`combine` checks of each part, for a chunk combined later: an
+    aggregator keeps the first part of a slot as it is, and refuses here what combine
+    would refuse (header, contributors, tag, input range), so that the child at fault
+    is the one refused."""
+    header = ChunkHeader.of(message)
+    header.check()
+    _contributor_bits(message)
+    _check_tag(message, header)
+    if OPS[header.op].verifiable:
+        _check_input_range(_payload(message, header))
+
+
+def _contributor_bits(part: ChunkMessage) -> int:
+    bits = int.from_bytes(part.contributors, "little")
+    if bits == 0:
+        raise CcoError(ErrorCode.INVALID_FIELD, "a chunk has no contributors")
+    return bits
+
+
+def _check_tag(part: ChunkMessage, header: ChunkHeader) -> None:
+    if OPS[header.op].verifiable:
+        if part.tag is None or not 0 <= part.tag < P:
+            raise CcoError(ErrorCode.INVALID_FIELD, f"{header.op.name} chunks carry a tag in [0, p)")
+    elif part.tag is not None:
+        raise CcoError(ErrorCode.INVALID_FIELD, f"{header.op.name} chunks carry no tag")
+
+
+def _check_input_range(array: np.ndarray) -> None:
+    """Only 8-byte integers can leave [-B, B]."""
+    if array.dtype.itemsize == 8 and not within_bound(*extremes(array)):
+        raise CcoError(ErrorCode.OVERFLOW, "an input value leaves [-B, B]")
 
 
 def _accumulate(arrays: list[np.ndarray], ufunc: np.ufunc) -> np.ndarray:
