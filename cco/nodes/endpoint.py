@@ -33,10 +33,8 @@ when anyone knows them, the ranks that did not contribute.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 
 import numpy as np
@@ -59,9 +57,9 @@ from cco.nodes.events import (
     TimerFired,
 )
 from cco.nodes.fsm import TransitionTable
+from cco.nodes.operation import Operation, OperationState, digest, placement, propose, scale_pass, source_of
 from cco.nodes.replies import clip, ranks_text, refuse
 from cco.wire import blockscale, payload
-from cco.wire.codec import decode_positions, encode_range, positions, wire_length
 from cco.wire.dtypes import ELEMENT_TYPES
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap
@@ -84,8 +82,6 @@ from cco.wire.messages import (
     Result,
     RetransmitRequest,
     TreeAssignment,
-    chunk_count,
-    chunk_length,
 )
 from cco.wire.ops import CONSISTENCY_OPS, SUM_KINDS, Form, check_operation, form
 from cco.wire.packing import WIDTHS
@@ -107,16 +103,6 @@ class SessionState(Enum):
     REJECTED = "rejected"  # JoinReject (terminal)
     LEFT = "left"  # leave() (terminal)
     CLOSED = "closed"  # the rendezvous was lost (terminal)
-
-
-class OperationState(Enum):
-    """One collective call."""
-
-    QUEUED = "queued"  # started; no chunk has left yet
-    SENDING = "sending"  # some chunks sent, some still held back by the window
-    AWAITING = "awaiting"  # everything sent; waiting for verified results
-    COMPLETED = "completed"  # every chunk verified and decoded (terminal)
-    FAILED = "failed"  # aborted, timed out, failed verification or lost (terminal)
 
 
 RENDEZVOUS_CONNECTED = "rendezvous connected"
@@ -360,60 +346,6 @@ _NUMPY_DTYPES: dict[np.dtype[np.generic], DType] = {
 }
 
 
-# --- internal records -------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Scaling:
-    """What a block-scaled operation needs besides its input."""
-
-    width: int  # bytes per integer, fixed for the operation
-    block_elements: int
-    limit: int  # the sum limit Q
-    proposals: np.ndarray  # this rank's proposed scale per block (int16)
-    agreed: np.ndarray | None = None  # the scale pass's result, once verified
-
-    def blocks(self, chunk_elements: int, index: int, elements: int) -> slice:
-        """The blocks of chunk ``index`` (of ``elements`` elements) in the tensor's list."""
-        first = index * blockscale.block_count(chunk_elements, self.block_elements)
-        return slice(first, first + blockscale.block_count(elements, self.block_elements))
-
-
-@dataclass(slots=True)
-class _Operation:
-    op_id: int
-    kind: Collective
-    op: ReduceOp
-    dtype: DType
-    root: int | None
-    total: int  # wire integers
-    shape: tuple[int, ...] | None  # the caller's array shape, when known
-    source: np.ndarray | None  # this rank's input, flat and not encoded; None when it sends nothing
-    placed: range  # the wire positions that carry source (ALL_GATHER: rank r's slice; else all)
-    deadline: float
-    timeout: float
-    epoch: int | None = None  # fixed by the first chunk sent (or the first received)
-    chunk_elements: int = 0
-    chunks: int = 0
-    state: OperationState = OperationState.QUEUED
-    next_chunk: int = 0
-    outstanding: dict[int, float] = field(default_factory=dict)  # chunk index -> when last sent
-    verified: dict[int, bytes] = field(default_factory=dict)  # chunk index -> digest of its integers
-    result: np.ndarray | None = None  # flat, in the caller's dtype; verified chunks decode into it
-    decode_error: CcoError | None = None  # the first chunk that did not decode (see _decode)
-    members: frozenset[int] = frozenset()
-    scaling: _Scaling | None = None  # block-scaled data operations only
-    feeds: int | None = None  # a scale pass: the op_id of the data operation it agrees scales for
-    interrupted: str | None = None  # why it waits for the next tree before starting again
-
-
-def _digest(payload_bytes: bytes) -> bytes:
-    """A verified chunk's payload in 16 bytes: enough to tell a different copy apart.
-    Payload bytes are a unique encoding of the integers (smallest or fixed width), so
-    an identical copy has identical bytes."""
-    return hashlib.blake2b(payload_bytes, digest_size=16).digest()
-
-
 # --- the machine ------------------------------------------------------------------
 
 
@@ -443,7 +375,7 @@ class EndpointMachine:
         self._next_heartbeat: float | None = None
         self._last_heard = 0.0
         self._next_op_id = 0
-        self._ops: OrderedDict[int, _Operation] = OrderedDict()
+        self._ops: OrderedDict[int, Operation] = OrderedDict()
         self._early: dict[int, list[ChunkMessage | Abort]] = {}
         self._early_count = 0
         self._outstanding = 0
@@ -539,20 +471,22 @@ class EndpointMachine:
             )
             return op_id, [OperationFailed(op_id, error)]
         timeout = request.timeout if request.timeout is not None else self._default_timeout()
-        source = self._source(array) if sending else None
-        placed = self._placement(request.kind, dtype, source)
+        source = source_of(array) if sending else None
+        placed = placement(request.kind, dtype, source, self._rank)
         if source is not None:
             total = len(placed) * (self._world_size if request.kind is Collective.ALL_GATHER else 1)
         elif array is not None:  # a broadcast receiver that knows the shape
             total = array.size * element.patterns_per_element
         else:  # learnt from the first verified chunk
             total = -1
-        operation = _Operation(
+        operation = Operation(
             op_id=op_id,
             kind=request.kind,
             op=op,
             dtype=dtype,
             root=root,
+            rank=self._rank,
+            world_size=self._world_size,
             total=total,
             shape=shape,
             source=source,
@@ -564,16 +498,16 @@ class EndpointMachine:
             self._size(operation, total)
         try:
             if scaled:
-                operation.scaling = self._propose(operation, width, limit)
+                operation.scaling = propose(operation, width, limit, self._params.block_elements)
             else:
-                self._check_encodes(operation)
+                operation.check_encodes()
         except CcoError as error:
             first = scale_id if scale_id is not None else op_id
             return op_id, self._refuse_start(first, op_id, request.kind, error)
         out: list[Command] = []
         if operation.scaling is not None:
             assert scale_id is not None
-            out += self._begin(self._scale_pass(scale_id, operation), now)
+            out += self._begin(scale_pass(scale_id, operation), now)
         out += self._begin(operation, now)
         if operation.state not in _FINISHED:
             out += self._pump(now)
@@ -601,7 +535,7 @@ class EndpointMachine:
             missing_ranks=lost,
         )
 
-    def _begin(self, operation: _Operation, now: float) -> list[Command]:
+    def _begin(self, operation: Operation, now: float) -> list[Command]:
         """Register an operation and replay what arrived for it before it started."""
         self._ops[operation.op_id] = operation
         out: list[Command] = []
@@ -887,7 +821,7 @@ class EndpointMachine:
             return []  # finished operations ignore late traffic
         return self._on_op_message(op, message, now)
 
-    def _on_op_message(self, op: _Operation, message: ChunkMessage | Abort, now: float) -> list[Command]:
+    def _on_op_message(self, op: Operation, message: ChunkMessage | Abort, now: float) -> list[Command]:
         if message.epoch != (op.epoch if op.epoch is not None else self._epoch):
             return []  # another epoch's traffic: the operation runs (again) in this one
         if isinstance(message, Abort):
@@ -900,7 +834,7 @@ class EndpointMachine:
             )
         return self._on_chunk(op, message, now)
 
-    def _on_chunk(self, op: _Operation, message: ChunkMessage, now: float) -> list[Command]:
+    def _on_chunk(self, op: Operation, message: ChunkMessage, now: float) -> list[Command]:
         index = message.chunk_index
         if op.epoch is None and message.epoch != self._epoch:
             return []
@@ -917,8 +851,8 @@ class EndpointMachine:
                 op, BAD_CHUNK, error.code, f"chunk {index}: {error.detail}", None, tell_tree=True
             )
         op.epoch = message.epoch
-        op.verified[index] = _digest(message.payload)
-        self._decode(op, index, values)
+        op.verified[index] = digest(message.payload)
+        op.decode(index, values)
         if index in op.outstanding:
             del op.outstanding[index]
             self._outstanding -= 1
@@ -927,28 +861,28 @@ class EndpointMachine:
             return self._pump(now)
         return self._complete(op) + self._pump(now)
 
-    def _check_header(self, op: _Operation, message: ChunkMessage) -> None:
+    def _check_header(self, op: Operation, message: ChunkMessage) -> None:
         """Refuse a chunk that is not one of this operation's (another op, epoch or shape)."""
         expected_type = BroadcastData if op.kind is Collective.BROADCAST else Result
         header = payload.ChunkHeader.of(message)
-        wanted = self._header(op, message.chunk_index, message.epoch)
+        wanted = op.header(self.config.group_id, message.chunk_index, message.epoch)
         if not isinstance(message, expected_type) or header != wanted:
             raise CcoError(
                 ErrorCode.OPERATION_MISMATCH,
                 f"{type(message).__name__} {header} does not match the operation {wanted}",
             )
 
-    def _check_copy(self, op: _Operation, message: ChunkMessage) -> None:
+    def _check_copy(self, op: Operation, message: ChunkMessage) -> None:
         """A second copy of a verified chunk must carry the same integers (compared by
         digest: the verified integers themselves are not kept)."""
         self._check_header(op, message)
         payload.check_encoding(message)
-        if _digest(message.payload) != op.verified[message.chunk_index]:
+        if digest(message.payload) != op.verified[message.chunk_index]:
             raise CcoError(
                 ErrorCode.DUPLICATE_CONTRIBUTION, f"a different copy of verified chunk {message.chunk_index}"
             )
 
-    def _verify(self, op: _Operation, message: ChunkMessage) -> np.ndarray:
+    def _verify(self, op: Operation, message: ChunkMessage) -> np.ndarray:
         """The chunk's integers if it is the chunk this operation expects and it verifies."""
         self._check_header(op, message)
         assert self._keys is not None and self._rank is not None
@@ -958,49 +892,12 @@ class EndpointMachine:
             expected = frozenset({op.root})
         own = None
         if op.op in CONSISTENCY_OPS:
-            own = (self._rank, self._chunk_values(op, message.chunk_index))
+            own = (self._rank, op.chunk_values(message.chunk_index))
         return payload.open_verified(self._keys, message, expected, own)
 
-    def _receives(self, op: _Operation) -> bool:
-        """Whether this rank gets a result (REDUCE: only the root; BARRIER: nobody)."""
-        return op.kind is not Collective.BARRIER and (
-            op.kind is not Collective.REDUCE or op.root == self._rank
-        )
-
-    def _decode(self, op: _Operation, index: int, values: np.ndarray) -> None:
-        """Decode verified chunk ``index`` into the result, allocated when the first chunk
-        proved the size genuine.  Decoding is elementwise, so the result is bit for bit
-        what decoding the whole array at once gives.  A chunk that does not decode is
-        kept for :meth:`_complete` to report, as whole-array decoding at the end would:
-        meanwhile this rank still sends its chunks, so the other ranks finish."""
-        if not self._receives(op) or op.decode_error is not None:
-            return
-        if op.result is None:
-            elements, split = divmod(op.total, wire_length(op.dtype, op.kind, 1))
-            if split:
-                detail = f"{op.dtype.name} takes two wire integers per element; {op.total} is odd"
-                op.decode_error = CcoError(ErrorCode.INVALID_FIELD, detail)
-                return
-            op.result = np.empty(elements, dtype=ELEMENT_TYPES[op.dtype].storage)
-        contributors = 1 if op.kind is Collective.BROADCAST else len(op.members)
-        start = index * op.chunk_elements
-        try:
-            if op.scaling is not None:
-                assert op.scaling.agreed is not None
-                scales = op.scaling.agreed[op.scaling.blocks(op.chunk_elements, index, values.size)]
-                divisor = contributors if op.op is ReduceOp.AVG else 1
-                element = ELEMENT_TYPES[op.dtype]
-                decoded = blockscale.dequantize(values, scales, op.scaling.block_elements, divisor, element)
-            else:
-                decoded = decode_positions(values, op.dtype, op.kind, op.op, contributors)
-        except CcoError as error:
-            op.decode_error = CcoError(error.code, f"chunk {index}: {error.detail}")
-            return
-        positions(op.result, op.dtype, op.kind)[start : start + values.size] = decoded
-
-    def _complete(self, op: _Operation) -> list[Command]:
+    def _complete(self, op: Operation) -> list[Command]:
         result: np.ndarray | None = None
-        if self._receives(op):
+        if op.receives:
             if op.decode_error is not None:
                 detail = f"decoding: {op.decode_error.detail}"
                 return self._finish_failed(op, BAD_CHUNK, op.decode_error.code, detail, None, tell_tree=False)
@@ -1011,22 +908,10 @@ class EndpointMachine:
                 if data is not None and data.scaling is not None:
                     data.scaling.agreed = op.result
                 return []
-            result = self._shape_result(op, op.result)
+            result = op.shaped_result()
         self._op_event(op, LAST_CHUNK)
         del self._ops[op.op_id]
         return [OperationCompleted(op.op_id, result)]
-
-    def _shape_result(self, op: _Operation, decoded: np.ndarray) -> np.ndarray:
-        if op.kind is Collective.ALL_GATHER:
-            assert op.shape is not None
-            return decoded.reshape((self._world_size, *op.shape))
-        if op.kind is Collective.REDUCE_SCATTER:
-            assert self._rank is not None
-            part = decoded.size // self._world_size
-            return decoded[self._rank * part : (self._rank + 1) * part].copy()
-        if op.shape is not None and int(np.prod(op.shape)) == decoded.size:
-            return decoded.reshape(op.shape)
-        return decoded
 
     def _send_again(self, request: RetransmitRequest, now: float) -> list[Command]:
         """Send the listed chunks again: sealing is deterministic, so each copy is
@@ -1036,7 +921,7 @@ class EndpointMachine:
             return []
         return self._resend(op, set(request.chunks), now)
 
-    def _resend(self, op: _Operation, chunks: set[int], now: float) -> list[Command]:
+    def _resend(self, op: Operation, chunks: set[int], now: float) -> list[Command]:
         if self._parent is None or not self._parent_up:
             return []
         out: list[Command] = []
@@ -1063,7 +948,7 @@ class EndpointMachine:
                 break  # later operations wait behind this one: chunks leave in call order
         return out
 
-    def _send_chunks(self, op: _Operation, parent: PeerId, window: int, now: float) -> list[Command]:
+    def _send_chunks(self, op: Operation, parent: PeerId, window: int, now: float) -> list[Command]:
         """Send ``op``'s next chunks while the window has room."""
         out: list[Command] = []
         if op.interrupted is not None or (op.scaling is not None and op.scaling.agreed is None):
@@ -1080,75 +965,19 @@ class EndpointMachine:
             self._op_event(op, SENT if op.next_chunk < op.chunks else ALL_SENT)
         return out
 
-    def _seal(self, op: _Operation, index: int) -> ChunkMessage:
+    def _seal(self, op: Operation, index: int) -> ChunkMessage:
         assert self._keys is not None and self._rank is not None
         if op.epoch is None:
             op.epoch = self._epoch
             op.members = self._members
         cls: type[ChunkMessage] = BroadcastData if op.kind is Collective.BROADCAST else Contribution
         return payload.seal(
-            self._keys, self._header(op, index, op.epoch), self._rank, self._chunk_values(op, index), cls
+            self._keys,
+            op.header(self.config.group_id, index, op.epoch),
+            self._rank,
+            op.chunk_values(index),
+            cls,
         )
-
-    def _header(self, op: _Operation, index: int, epoch: int) -> payload.ChunkHeader:
-        header = payload.ChunkHeader(
-            group_id=self.config.group_id,
-            epoch=epoch,
-            op_id=op.op_id,
-            kind=op.kind,
-            op=op.op,
-            dtype=op.dtype,
-            total_elements=op.total,
-            chunk_elements=op.chunk_elements,
-            chunk_index=index,
-            root=op.root,
-        )
-        scaling = op.scaling
-        if scaling is None:
-            return header
-        if scaling.agreed is None:
-            raise CcoError(
-                ErrorCode.OPERATION_MISMATCH, f"chunk {index} of an operation whose scales are not agreed"
-            )
-        blocks = scaling.blocks(op.chunk_elements, index, header.element_count)
-        return dataclasses.replace(
-            header,
-            width=scaling.width,
-            block_elements=scaling.block_elements,
-            scales=scaling.agreed[blocks].astype("<i2").tobytes(),
-        )
-
-    def _chunk_values(self, op: _Operation, index: int) -> np.ndarray:
-        """This rank's wire integers of chunk ``index``, encoded from its input now;
-        zeros at the positions its input does not cover (ALL_GATHER); for a
-        block-scaled chunk, quantized with the agreed scales and followed by this
-        rank's attestations."""
-        start = index * op.chunk_elements
-        stop = start + chunk_length(op.total, op.chunk_elements, index)
-        if op.scaling is not None:
-            scaling = op.scaling
-            assert op.source is not None and scaling.agreed is not None
-            blocks = scaling.blocks(op.chunk_elements, index, stop - start)
-            scales = scaling.agreed[blocks]
-            element = ELEMENT_TYPES[op.dtype]
-            data = blockscale.quantize(
-                op.source[start:stop], element, scales, scaling.block_elements, scaling.limit, first=start
-            )
-            return np.concatenate([data, blockscale.attestations(scaling.proposals[blocks], scales)])
-        first, last = max(start, op.placed.start), min(stop, op.placed.stop)
-        if (first, last) == (start, stop):
-            return self._encode(op, start - op.placed.start, stop - op.placed.start)
-        values = np.zeros(stop - start, dtype=np.int64)
-        if first < last:
-            values[first - start : last - start] = self._encode(
-                op, first - op.placed.start, last - op.placed.start
-            )
-        return values
-
-    def _encode(self, op: _Operation, start: int, stop: int) -> np.ndarray:
-        """Wire integers [start, stop) of this rank's input, counted from its first."""
-        assert op.source is not None
-        return encode_range(op.source, ELEMENT_TYPES[op.dtype], op.kind, op.op, self._world_size, start, stop)
 
     def _wire_width(self, request: CollectiveRequest, dtype: DType, op: ReduceOp, scaled: bool) -> int:
         """Bytes per integer of a block-scaled operation (0 for the other forms)."""
@@ -1169,73 +998,9 @@ class EndpointMachine:
             return self._params.float_width
         return ELEMENT_TYPES[dtype].bits // 8
 
-    def _propose(self, op: _Operation, width: int, limit: int) -> _Scaling:
-        """This rank's proposed scale for every block, chunk by chunk (OVERFLOW for a
-        value that is not finite, before anything is sent)."""
-        assert op.source is not None and self._params is not None
-        block = self._params.block_elements
-        element = ELEMENT_TYPES[op.dtype]
-        parts = [np.zeros(0, dtype=np.int16)]
-        for index in range(op.chunks):
-            start = index * op.chunk_elements
-            stop = start + chunk_length(op.total, op.chunk_elements, index)
-            parts.append(blockscale.propose(op.source[start:stop], element, block, limit, first=start))
-        return _Scaling(width=width, block_elements=block, limit=limit, proposals=np.concatenate(parts))
-
-    def _scale_pass(self, op_id: int, data: _Operation) -> _Operation:
-        """The MIN all-reduce of this rank's proposals that agrees ``data``'s scales."""
-        assert data.scaling is not None
-        proposals = data.scaling.proposals
-        scale_pass = _Operation(
-            op_id=op_id,
-            kind=Collective.ALL_REDUCE,
-            op=ReduceOp.MIN,
-            dtype=DType.INT16,
-            root=None,
-            total=len(proposals),
-            shape=proposals.shape,
-            source=proposals,
-            placed=range(len(proposals)),
-            deadline=data.deadline,
-            timeout=data.timeout,
-            feeds=data.op_id,
-        )
-        self._size(scale_pass, len(proposals))
-        return scale_pass
-
-    def _source(self, array: np.ndarray | None) -> np.ndarray:
-        """What an operation keeps of this rank's input: the array itself, flattened (a
-        copy only if it is not C-contiguous); a BARRIER sends no elements."""
-        if array is None:
-            return np.zeros(0, dtype=ELEMENT_TYPES[DType.INT8].storage)
-        return np.ascontiguousarray(array).reshape(-1)
-
-    def _placement(self, kind: Collective, dtype: DType, source: np.ndarray | None) -> range:
-        """The wire positions that carry this rank's input: for ALL_GATHER, rank r's n
-        integers go at r x n (the other ranks fill the rest); otherwise all of them."""
-        if source is None:
-            return range(0)
-        assert self._rank is not None
-        length = wire_length(dtype, kind, source.size)
-        first = self._rank * length if kind is Collective.ALL_GATHER else 0
-        return range(first, first + length)
-
-    def _size(self, op: _Operation, total: int) -> None:
+    def _size(self, op: Operation, total: int) -> None:
         assert self._params is not None
-        op.total = total
-        op.chunk_elements = self._params.chunk_elements
-        op.chunks = chunk_count(total, op.chunk_elements)
-        if not op.members:
-            op.members = self._members
-
-    def _check_encodes(self, op: _Operation) -> None:
-        """Encode this rank's whole input a chunk at a time, keeping nothing, so that
-        an unencodable value (NaN, infinity, out of range) fails start() before
-        anything is sent, with the memory of one chunk."""
-        if op.source is None:
-            return
-        for start in range(0, len(op.placed), op.chunk_elements):
-            self._encode(op, start, min(start + op.chunk_elements, len(op.placed)))
+        op.size(total, self._params.chunk_elements, self._members)
 
     # --- failures ---------------------------------------------------------------
 
@@ -1265,7 +1030,7 @@ class EndpointMachine:
         )
         return [*out, OperationFailed(op_id, failure)]
 
-    def _input_changed(self, op: _Operation, index: int, error: CcoError) -> list[Command]:
+    def _input_changed(self, op: Operation, index: int, error: CcoError) -> list[Command]:
         """Chunk ``index`` encoded at start() but no longer does: the caller changed the
         array before the operation completed.  Fail the operation, and tell the tree so
         the other ranks fail at once instead of waiting for this rank."""
@@ -1276,7 +1041,7 @@ class EndpointMachine:
 
     def _finish_failed(
         self,
-        op: _Operation,
+        op: Operation,
         event: str,
         code: ErrorCode,
         detail: str,
@@ -1317,7 +1082,7 @@ class EndpointMachine:
         out.append(OperationFailed(op.op_id, self._error(op, code, detail, missing)))
         return out
 
-    def _release(self, op: _Operation, event: str) -> None:
+    def _release(self, op: Operation, event: str) -> None:
         """End ``op`` here: forget it and give its outstanding chunks back to the window."""
         self._op_event(op, event)
         del self._ops[op.op_id]
@@ -1328,7 +1093,7 @@ class EndpointMachine:
         for op in list(self._ops.values()):
             self._interrupt(op, why)
 
-    def _interrupt(self, op: _Operation, why: str) -> None:
+    def _interrupt(self, op: Operation, why: str) -> None:
         """The tree ``op`` ran in failed: forget its progress and wait for the next tree,
         where it starts again from this rank's own input (new epoch, new chunk ids: no
         integer of the old tree is counted or accepted again).  Its deadline stands.
@@ -1340,16 +1105,12 @@ class EndpointMachine:
         op.interrupted = why
         self._op_event(op, RESTART)
         self._outstanding -= len(op.outstanding)
-        op.outstanding.clear()
-        op.next_chunk = 0
-        op.verified.clear()
-        op.result = op.decode_error = op.epoch = None
-        op.members = frozenset()
+        op.forget_progress()
         if op.scaling is not None and op.scaling.agreed is not None:
             op.scaling.agreed = None
-            scale_pass = self._scale_pass(op.op_id - 1, op)
-            scale_pass.interrupted = why
-            self._ops[scale_pass.op_id] = scale_pass
+            agreement = scale_pass(op.op_id - 1, op)
+            agreement.interrupted = why
+            self._ops[agreement.op_id] = agreement
             self._ops = OrderedDict(sorted(self._ops.items()))  # call order, for the window
 
     def _resume_all(self) -> None:
@@ -1371,7 +1132,7 @@ class EndpointMachine:
         return out
 
     def _error(
-        self, op: _Operation, code: ErrorCode, detail: str, missing: frozenset[int] | None
+        self, op: Operation, code: ErrorCode, detail: str, missing: frozenset[int] | None
     ) -> OperationError:
         missing_chunks = tuple(i for i in range(op.chunks) if i not in op.verified)
         return OperationError(
@@ -1384,7 +1145,7 @@ class EndpointMachine:
             missing_chunks=missing_chunks,
         )
 
-    def _op_event(self, op: _Operation, event: str) -> None:
+    def _op_event(self, op: Operation, event: str) -> None:
         op.state = OPERATION_TABLE.next(op.state, event)
 
     # --- timers -----------------------------------------------------------------

@@ -1,0 +1,287 @@
+"""One collective call at an endpoint: its record, and its data chunk by chunk.
+
+The endpoint machine (:mod:`cco.nodes.endpoint`) decides when chunks leave and what
+to do with what comes back; this module knows what an operation's chunks hold.  An
+operation keeps the caller's array, not its encoding: each chunk's wire integers are
+encoded when the chunk is sent (again) or compared with the result
+(:meth:`Operation.chunk_values`: values, bit patterns, ordered keys, or block-scaled
+integers followed by this rank's attestations), and each verified chunk decodes
+straight into the result (:meth:`Operation.decode`).  Besides its input and its
+result, an operation holds a few chunks' worth of memory, whatever the tensor size.
+
+A float SUM or AVG also holds its :class:`Scaling`: this rank's proposed scale per
+block and, once its scale pass (:func:`scale_pass`, a separate wire operation) is
+verified, the agreed scales.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+
+from cco.wire import blockscale, payload
+from cco.wire.codec import decode_positions, encode_range, positions, wire_length
+from cco.wire.dtypes import ELEMENT_TYPES
+from cco.wire.errors import CcoError, ErrorCode
+from cco.wire.messages import chunk_count, chunk_length
+from cco.wire.registries import Collective, DType, ReduceOp
+
+
+class OperationState(Enum):
+    """One collective call."""
+
+    QUEUED = "queued"  # started, or started again in a new tree; no chunk has left yet
+    SENDING = "sending"  # some chunks sent, some still held back by the window
+    AWAITING = "awaiting"  # everything sent; waiting for verified results
+    COMPLETED = "completed"  # every chunk verified and decoded (terminal)
+    FAILED = "failed"  # aborted, timed out, failed verification or lost (terminal)
+
+
+@dataclass(slots=True)
+class Scaling:
+    """What a block-scaled operation needs besides its input."""
+
+    width: int  # bytes per integer, fixed for the operation
+    block_elements: int
+    limit: int  # the sum limit Q
+    proposals: np.ndarray  # this rank's proposed scale per block (int16)
+    agreed: np.ndarray | None = None  # the scale pass's result, once verified
+
+    def blocks(self, chunk_elements: int, index: int, elements: int) -> slice:
+        """The blocks of chunk ``index`` (of ``elements`` elements) in the tensor's list."""
+        first = index * blockscale.block_count(chunk_elements, self.block_elements)
+        return slice(first, first + blockscale.block_count(elements, self.block_elements))
+
+
+@dataclass(slots=True)
+class Operation:
+    op_id: int
+    kind: Collective
+    op: ReduceOp
+    dtype: DType
+    root: int | None
+    rank: int  # this endpoint's
+    world_size: int  # the group's, as at join (ranks keep their numbers)
+    total: int  # element positions
+    shape: tuple[int, ...] | None  # the caller's array shape, when known
+    source: np.ndarray | None  # this rank's input, flat and not encoded; None when it sends nothing
+    placed: range  # the positions that carry source (ALL_GATHER: rank r's slice; else all)
+    deadline: float
+    timeout: float
+    epoch: int | None = None  # fixed by the first chunk sent (or the first received)
+    chunk_elements: int = 0
+    chunks: int = 0
+    state: OperationState = OperationState.QUEUED
+    next_chunk: int = 0
+    outstanding: dict[int, float] = field(default_factory=dict)  # chunk index -> when last sent
+    verified: dict[int, bytes] = field(default_factory=dict)  # chunk index -> digest of its payload
+    result: np.ndarray | None = None  # flat, in the caller's dtype; verified chunks decode into it
+    decode_error: CcoError | None = None  # the first chunk that did not decode (see decode)
+    members: frozenset[int] = frozenset()
+    scaling: Scaling | None = None  # block-scaled data operations only
+    feeds: int | None = None  # a scale pass: the op_id of the data operation it agrees scales for
+    interrupted: str | None = None  # why it waits for the next tree before starting again
+
+    def size(self, total: int, chunk_elements: int, members: frozenset[int]) -> None:
+        self.total = total
+        self.chunk_elements = chunk_elements
+        self.chunks = chunk_count(total, chunk_elements)
+        if not self.members:
+            self.members = members
+
+    @property
+    def receives(self) -> bool:
+        """Whether this rank gets a result (REDUCE: only the root; BARRIER: nobody)."""
+        return self.kind is not Collective.BARRIER and (
+            self.kind is not Collective.REDUCE or self.root == self.rank
+        )
+
+    def header(self, group_id: bytes, index: int, epoch: int) -> payload.ChunkHeader:
+        """The identifying fields of chunk ``index`` in ``epoch``."""
+        header = payload.ChunkHeader(
+            group_id=group_id,
+            epoch=epoch,
+            op_id=self.op_id,
+            kind=self.kind,
+            op=self.op,
+            dtype=self.dtype,
+            total_elements=self.total,
+            chunk_elements=self.chunk_elements,
+            chunk_index=index,
+            root=self.root,
+        )
+        scaling = self.scaling
+        if scaling is None:
+            return header
+        if scaling.agreed is None:
+            raise CcoError(
+                ErrorCode.OPERATION_MISMATCH, f"chunk {index} before the operation's scales are agreed"
+            )
+        blocks = scaling.blocks(self.chunk_elements, index, header.element_count)
+        return dataclasses.replace(
+            header,
+            width=scaling.width,
+            block_elements=scaling.block_elements,
+            scales=scaling.agreed[blocks].astype("<i2").tobytes(),
+        )
+
+    def chunk_values(self, index: int) -> np.ndarray:
+        """This rank's wire integers of chunk ``index``, encoded from its input now;
+        zeros at the positions its input does not cover (ALL_GATHER); for a
+        block-scaled chunk, quantized with the agreed scales and followed by this
+        rank's attestations."""
+        start = index * self.chunk_elements
+        stop = start + chunk_length(self.total, self.chunk_elements, index)
+        if self.scaling is not None:
+            scaling = self.scaling
+            assert self.source is not None and scaling.agreed is not None
+            blocks = scaling.blocks(self.chunk_elements, index, stop - start)
+            scales = scaling.agreed[blocks]
+            element = ELEMENT_TYPES[self.dtype]
+            data = blockscale.quantize(
+                self.source[start:stop], element, scales, scaling.block_elements, scaling.limit, first=start
+            )
+            return np.concatenate([data, blockscale.attestations(scaling.proposals[blocks], scales)])
+        first, last = max(start, self.placed.start), min(stop, self.placed.stop)
+        if (first, last) == (start, stop):
+            return self._encode(start - self.placed.start, stop - self.placed.start)
+        values = np.zeros(stop - start, dtype=np.int64)
+        if first < last:
+            values[first - start : last - start] = self._encode(
+                first - self.placed.start, last - self.placed.start
+            )
+        return values
+
+    def _encode(self, start: int, stop: int) -> np.ndarray:
+        """Wire integers [start, stop) of this rank's input, counted from its first."""
+        assert self.source is not None
+        element = ELEMENT_TYPES[self.dtype]
+        return encode_range(self.source, element, self.kind, self.op, self.world_size, start, stop)
+
+    def check_encodes(self) -> None:
+        """Encode this rank's whole input a chunk at a time, keeping nothing, so that
+        an unencodable value (NaN, out of range) fails start() before anything is
+        sent, with the memory of one chunk."""
+        if self.source is None:
+            return
+        for start in range(0, len(self.placed), self.chunk_elements):
+            self._encode(start, min(start + self.chunk_elements, len(self.placed)))
+
+    def decode(self, index: int, values: np.ndarray) -> None:
+        """Decode verified chunk ``index`` into the result, allocated when the first chunk
+        proved the size genuine.  Decoding is elementwise, so the result is bit for bit
+        what decoding the whole array at once gives.  A chunk that does not decode is
+        kept in ``decode_error`` for the end of the operation, as whole-array decoding
+        would: meanwhile this rank still sends its chunks, so the other ranks finish."""
+        if not self.receives or self.decode_error is not None:
+            return
+        if self.result is None:
+            elements, split = divmod(self.total, wire_length(self.dtype, self.kind, 1))
+            if split:
+                detail = f"{self.dtype.name} takes two wire integers per element; {self.total} is odd"
+                self.decode_error = CcoError(ErrorCode.INVALID_FIELD, detail)
+                return
+            self.result = np.empty(elements, dtype=ELEMENT_TYPES[self.dtype].storage)
+        contributors = 1 if self.kind is Collective.BROADCAST else len(self.members)
+        start = index * self.chunk_elements
+        try:
+            if self.scaling is not None:
+                assert self.scaling.agreed is not None
+                scales = self.scaling.agreed[self.scaling.blocks(self.chunk_elements, index, values.size)]
+                divisor = contributors if self.op is ReduceOp.AVG else 1
+                element = ELEMENT_TYPES[self.dtype]
+                decoded = blockscale.dequantize(values, scales, self.scaling.block_elements, divisor, element)
+            else:
+                decoded = decode_positions(values, self.dtype, self.kind, self.op, contributors)
+        except CcoError as error:
+            self.decode_error = CcoError(error.code, f"chunk {index}: {error.detail}")
+            return
+        positions(self.result, self.dtype, self.kind)[start : start + values.size] = decoded
+
+    def shaped_result(self) -> np.ndarray:
+        """The decoded result in the shape the caller expects."""
+        assert self.result is not None
+        decoded = self.result
+        if self.kind is Collective.ALL_GATHER:
+            assert self.shape is not None
+            return decoded.reshape((self.world_size, *self.shape))
+        if self.kind is Collective.REDUCE_SCATTER:
+            part = decoded.size // self.world_size
+            return decoded[self.rank * part : (self.rank + 1) * part].copy()
+        if self.shape is not None and int(np.prod(self.shape)) == decoded.size:
+            return decoded.reshape(self.shape)
+        return decoded
+
+    def forget_progress(self) -> None:
+        """Back to nothing sent and nothing verified (the tree it ran in failed)."""
+        self.outstanding.clear()
+        self.next_chunk = 0
+        self.verified.clear()
+        self.result = self.decode_error = self.epoch = None
+        self.members = frozenset()
+
+
+def source_of(array: np.ndarray | None) -> np.ndarray:
+    """What an operation keeps of this rank's input: the array itself, flattened (a
+    copy only if it is not C-contiguous); a BARRIER sends no elements."""
+    if array is None:
+        return np.zeros(0, dtype=ELEMENT_TYPES[DType.INT8].storage)
+    return np.ascontiguousarray(array).reshape(-1)
+
+
+def placement(kind: Collective, dtype: DType, source: np.ndarray | None, rank: int) -> range:
+    """The positions that carry this rank's input: for ALL_GATHER, rank r's n integers
+    go at r x n (the other ranks fill the rest); otherwise all of them."""
+    if source is None:
+        return range(0)
+    length = wire_length(dtype, kind, source.size)
+    first = rank * length if kind is Collective.ALL_GATHER else 0
+    return range(first, first + length)
+
+
+def propose(op: Operation, width: int, limit: int, block_elements: int) -> Scaling:
+    """This rank's proposed scale for every block of ``op``, chunk by chunk (OVERFLOW
+    for a value that is not finite, before anything is sent)."""
+    assert op.source is not None
+    element = ELEMENT_TYPES[op.dtype]
+    parts = [np.zeros(0, dtype=np.int16)]
+    for index in range(op.chunks):
+        start = index * op.chunk_elements
+        stop = start + chunk_length(op.total, op.chunk_elements, index)
+        parts.append(blockscale.propose(op.source[start:stop], element, block_elements, limit, first=start))
+    return Scaling(width=width, block_elements=block_elements, limit=limit, proposals=np.concatenate(parts))
+
+
+def scale_pass(op_id: int, data: Operation) -> Operation:
+    """The MIN all-reduce of this rank's proposals that agrees ``data``'s scales."""
+    assert data.scaling is not None
+    proposals = data.scaling.proposals
+    agreement = Operation(
+        op_id=op_id,
+        kind=Collective.ALL_REDUCE,
+        op=ReduceOp.MIN,
+        dtype=DType.INT16,
+        root=None,
+        rank=data.rank,
+        world_size=data.world_size,
+        total=len(proposals),
+        shape=proposals.shape,
+        source=proposals,
+        placed=range(len(proposals)),
+        deadline=data.deadline,
+        timeout=data.timeout,
+        feeds=data.op_id,
+    )
+    agreement.size(len(proposals), data.chunk_elements, data.members)
+    return agreement
+
+
+def digest(payload_bytes: bytes) -> bytes:
+    """A verified chunk's payload in 16 bytes: enough to tell a different copy apart.
+    Payload bytes are a unique encoding of the integers (smallest or fixed width), so
+    an identical copy has identical bytes."""
+    return hashlib.blake2b(payload_bytes, digest_size=16).digest()
