@@ -1035,3 +1035,63 @@ def test_a_bad_first_part_is_refused_to_the_child_that_sent_it() -> None:
     rig.send("ep0", chunk(0))
     rig.send("ep1", chunk(1))
     assert len(sent(rig.send("ep2", chunk(2)), None, Result)) == 3
+
+
+# --- refusals found unasserted by scripts/mutate.py -----------------------------------
+
+
+def test_registration_refused_by_the_rendezvous_detaches_and_says_why() -> None:
+    rig = Rig()
+    rig.feed(PeerConnected("rv", "rendezvous", Role.RENDEZVOUS))
+    out = rig.rendezvous(Error(code=ErrorCode.UNAUTHORIZED, detail="agg is already connected"))
+    assert out == [ClosePeer("rv", ErrorCode.UNAUTHORIZED, "registration refused")]
+    assert rig.machine.state is NodeState.DETACHED
+    assert rig.machine.refusal is not None and rig.machine.refusal.code is ErrorCode.UNAUTHORIZED
+    assert "already connected" in rig.machine.refusal.detail
+
+
+def test_an_error_report_after_registration_changes_nothing() -> None:
+    rig = root_rig()
+    assert rig.rendezvous(Error(code=ErrorCode.INVALID_FIELD, detail="a report")) == []
+    assert rig.machine.state is NodeState.REGISTERED and rig.machine.refusal is None
+    assert rig.machine.group_state(GROUP) is GroupState.ACTIVE
+
+
+def test_losing_the_rendezvous_connection_does_not_close_it_again() -> None:
+    rig = root_rig()
+    out = rig.feed(PeerDisconnected("rv", ErrorCode.PEER_LOST))
+    assert not [c for c in out if isinstance(c, ClosePeer) and c.peer == "rv"]
+
+
+def test_assignment_for_an_older_epoch_is_stale() -> None:
+    rig = root_rig()
+    rig.rendezvous(assignment({"ep0": [0], "ep1": [1], "ep2": [2]}, epoch=3))
+    assert errors(rig.rendezvous(assignment({"ep0": [0], "ep1": [1]}, epoch=2))) == [ErrorCode.STALE_EPOCH]
+    assert rig.machine.group_epoch(GROUP) == 3
+    assert errors(rig.rendezvous(assignment({"ep0": [0], "ep1": [1]}, epoch=3))) == []  # same epoch: fine
+
+
+@pytest.mark.parametrize(
+    ("children", "expected"),
+    [
+        ({"ep0": [0, 1], "ep1": [1, 2]}, [0, 1, 2]),  # overlapping, though the union is right
+        ({"ep0": [0, 1], "ep1": []}, [0, 1]),  # a child with no rank
+        ({"ep0": [0], "ep1": [1]}, [0, 1, 2]),  # rank 2 reaches no child
+        ({"ep0": [0], "ep1": [1, 2]}, [0, 1]),  # rank 2 is not expected
+        ({}, []),  # no child at all
+    ],
+    ids=["overlap", "empty-child", "missing", "unexpected", "no-children"],
+)
+def test_children_must_partition_expected(children: dict[str, list[int]], expected: list[int]) -> None:
+    rig = Rig()
+    rig.register()
+    bad = TreeAssignment(
+        group_id=GROUP,
+        epoch=1,
+        world_size=4,
+        expected=bitmap_from_ranks(expected),
+        children=tuple(ref(n, rs) for n, rs in children.items()),
+        params=PARAMS,
+    )
+    assert errors(rig.rendezvous(bad)) == [ErrorCode.INVALID_FIELD]
+    assert rig.machine.group_state(GROUP) is GroupState.UNKNOWN
