@@ -19,6 +19,7 @@ _EXPORTS = {
     "Communicator": "cco.client",
     "BlockingCommunicator": "cco.client",
     "GroupSpec": "cco.client",
+    "FallbackAggregator": "cco.client",
     "CollectiveRequest": "cco.nodes.endpoint",
     "OperationError": "cco.nodes.endpoint",
     "TransportConfig": "cco.transport",

@@ -29,11 +29,14 @@ from typing import Any, TypeVar
 import numpy as np
 
 from cco.config import parse_hostport
+from cco.nodes.aggregator import AggregatorConfig, AggregatorMachine
 from cco.nodes.endpoint import CollectiveRequest, EndpointConfig, EndpointMachine
 from cco.nodes.events import Command, Joined, JoinFailed, OperationCompleted, OperationFailed
+from cco.nodes.rendezvous import FALLBACK_LABEL
 from cco.services.node import NodeService
 from cco.transport import TransportConfig
 from cco.wire.errors import CcoError, ErrorCode
+from cco.wire.messages import Address
 from cco.wire.registries import Collective, ReduceOp, Role
 
 T = TypeVar("T")
@@ -58,6 +61,26 @@ class GroupSpec:
     only those in flight and continues over the survivors."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FallbackAggregator:
+    """An aggregator this endpoint runs beside it, so that its group keeps working when
+    no dedicated aggregator can serve it (draft section "Fallback to End Hosts").
+
+    It registers with the rendezvous under the fallback label: the rendezvous places
+    it in a tree only when the dedicated aggregators cannot hold the group, and moves
+    the group back to dedicated ones as soon as they can.  It has its own identity
+    (``node_id`` and ``transport``: a certificate with the aggregator role) and
+    listens on ``host`` and ``port`` (0: any free port), an address the group's
+    other endpoints must be able to reach.
+    """
+
+    node_id: str
+    transport: TransportConfig
+    host: str = "127.0.0.1"
+    port: int = 0
+    max_fan_in: int = 64
+
+
 class Communicator:
     """One membership of one group, for asyncio code.  Create with :meth:`join`."""
 
@@ -70,12 +93,20 @@ class Communicator:
         self._pending: dict[int, asyncio.Future[np.ndarray | None]] = {}
         self._closing = False  # close() has begun (it runs once)
         self._closed = False  # close() is past its barrier: no new collectives
+        self._fallback: NodeService | None = None  # the aggregator this endpoint runs, if any
 
     @classmethod
     async def join(
-        cls, spec: GroupSpec, node_id: str, transport: TransportConfig, timeout: float = DEFAULT_JOIN_TIMEOUT
+        cls,
+        spec: GroupSpec,
+        node_id: str,
+        transport: TransportConfig,
+        timeout: float = DEFAULT_JOIN_TIMEOUT,
+        fallback: FallbackAggregator | None = None,
     ) -> Communicator:
-        """Connect to the rendezvous, join the group and wait until the tree is ready."""
+        """Connect to the rendezvous, join the group and wait until the tree is ready;
+        with ``fallback``, also run an aggregator for the group (see
+        :class:`FallbackAggregator`)."""
         machine = EndpointMachine(
             EndpointConfig(
                 group_id=spec.group_id,
@@ -91,19 +122,26 @@ class Communicator:
         service.runner.on_command = comm._on_command
         host, port = parse_hostport(spec.rendezvous)
         try:
+            if fallback is not None:
+                comm._fallback = await _start_fallback(fallback, spec)
             await service.join_rendezvous(host, port, spec.rendezvous_id)
             await asyncio.wait_for(asyncio.shield(comm._joined), timeout)
         except TimeoutError:
-            await service.close()
+            await comm._close_services()
             raise CcoError(
                 ErrorCode.TIMEOUT,
                 f"group {spec.group_id.hex()}: not ready within {timeout} s "
                 f"(are all {spec.world_size} members and an aggregator up?)",
             ) from None
         except BaseException:
-            await service.close()
+            await comm._close_services()
             raise
         return comm
+
+    async def _close_services(self) -> None:
+        await self._service.close()
+        if self._fallback is not None:
+            await self._fallback.close()
 
     # --- identity ------------------------------------------------------------------
 
@@ -218,7 +256,7 @@ class Communicator:
         self._closed = True  # from here on, new collectives fail with ABORTED
         self._service.runner.execute_all(self._machine.leave(self._service.runner.clock()))
         await asyncio.sleep(0)  # let the Leave reach the transport queue
-        await self._service.close()
+        await self._close_services()
         self._fail_all(CcoError(ErrorCode.ABORTED, "communicator closed"))
 
     async def __aenter__(self) -> Communicator:
@@ -258,6 +296,31 @@ class Communicator:
 async def _on_loop(function: Callable[[], T]) -> T:
     """Run ``function`` on the communicator's event loop thread (the machine's only thread)."""
     return function()
+
+
+async def _start_fallback(fallback: FallbackAggregator, spec: GroupSpec) -> NodeService:
+    """Listen (learning the port if it was 0), then register with the rendezvous."""
+    host, port = fallback.host, fallback.port
+
+    def machine(port: int) -> AggregatorMachine:
+        config = AggregatorConfig(
+            address=Address(host=host, port=port),
+            capacity=1,
+            max_fan_in=fallback.max_fan_in,
+            labels=(FALLBACK_LABEL,),
+        )
+        return AggregatorMachine(config)
+
+    service = NodeService(machine(port or 1), fallback.node_id, Role.AGGREGATOR, fallback.transport)
+    try:
+        _, bound = await service.listen(host, port)
+        service.runner.machine = machine(bound)  # its address is now known, before registering
+        rv_host, rv_port = parse_hostport(spec.rendezvous)
+        await service.join_rendezvous(rv_host, rv_port, spec.rendezvous_id)
+    except BaseException:
+        await service.close()
+        raise
+    return service
 
 
 def _retrieve(future: asyncio.Future[Joined]) -> None:

@@ -21,10 +21,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cco.nodes import aggregator, endpoint
-from cco.nodes.aggregator import AggregatorMachine
+from cco.nodes.aggregator import AggregatorConfig, AggregatorMachine
 from cco.nodes.endpoint import CollectiveRequest, EndpointMachine, OperationError, SessionState
 from cco.nodes.events import Command, Input, OperationCompleted, OperationFailed, SendMessage
-from cco.nodes.sim import Deployment, GroupSpec, build_cluster
+from cco.nodes.rendezvous import FALLBACK_LABEL
+from cco.nodes.sim import Deployment, GroupSpec, build_cluster, sim_address
 from cco.wire import payload
 from cco.wire.dtypes import ELEMENT_TYPES, round_to_bfloat16
 from cco.wire.errors import ErrorCode
@@ -39,7 +40,7 @@ from cco.wire.messages import (
     encode_message,
 )
 from cco.wire.packing import contribution_bound
-from cco.wire.registries import Collective, DType, ReduceOp
+from cco.wire.registries import Collective, DType, ReduceOp, Role
 
 GROUP = bytes.fromhex("0c" * 16)
 OTHER = bytes.fromhex("d4" * 16)
@@ -632,6 +633,48 @@ def test_losing_the_only_aggregator_fails_operations_with_no_aggregator_until_on
         assert isinstance(outcome, OperationFailed) and outcome.error.code is ErrorCode.NO_AGGREGATOR
         assert "no aggregator can serve the group" in str(outcome.error)
     assert len(d.outcomes(GROUP, later)) == 4 and d.cluster.now < PARAMS.operation_timeout_ms / 1000
+
+
+def test_fallback_to_end_hosts_and_back_to_dedicated_aggregators() -> None:
+    """Aggregators registered with the fallback label (run by end hosts) are planned
+    only when the dedicated ones cannot hold the group: losing the only dedicated
+    aggregator moves the group onto them, and it moves back as soon as a dedicated
+    aggregator registers.  Every all-reduce is exact."""
+
+    def config(node_id: str) -> AggregatorConfig:
+        labels = () if node_id == "agg0" else (FALLBACK_LABEL,)
+        return AggregatorConfig(address=sim_address(node_id), max_fan_in=4, labels=labels)
+
+    d = build_cluster(
+        [GroupSpec(GROUP, 4)], aggregators=3, params=PARAMS, max_fan_in=4, seed=35, aggregator_config=config
+    )
+    data = {r: np.full(5, r + 1, np.int32) for r in range(4)}
+    requests = {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=data[r]) for r in range(4)}
+
+    def tree() -> set[str]:
+        return {a for a in d.aggregators if d.aggregator(a).group_epoch(GROUP) == d.endpoint(GROUP, 0).epoch}
+
+    def exact() -> None:
+        result = identical(d.collective(GROUP, requests))
+        assert result is not None and result.tolist() == [10] * 5
+
+    def settled() -> bool:
+        return all(d.endpoint(GROUP, r).state is SessionState.READY for r in range(4))
+
+    exact()
+    assert (
+        d.aggregator("agg0").group_parent(GROUP) is None and d.aggregator("agg1").group_epoch(GROUP) is None
+    )
+    d.cluster.kill("agg0")
+    d.cluster.run(lambda: settled() and d.endpoint(GROUP, 0).epoch == 2)
+    exact()  # on the end hosts' aggregators
+    assert d.aggregator("agg1").group_epoch(GROUP) == 2 or d.aggregator("agg2").group_epoch(GROUP) == 2
+    agg3 = AggregatorMachine(AggregatorConfig(address=sim_address("agg3"), max_fan_in=4))
+    d.cluster.add("agg3", Role.AGGREGATOR, agg3, sim_address("agg3"))
+    d.cluster.connect("agg3", "rendezvous")
+    d.cluster.run(lambda: settled() and d.endpoint(GROUP, 0).epoch == 3)
+    assert agg3.group_epoch(GROUP) == 3 and agg3.group_parent(GROUP) is None
+    exact()  # back on a dedicated aggregator
 
 
 def test_losing_an_aggregator_replans_the_tree() -> None:

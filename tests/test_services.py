@@ -65,19 +65,25 @@ class Cluster:
         self.rendezvous = f"{host}:{port}"
         self.services.append(rendezvous)
         for i in range(self.aggregators):
-            listening = NodeService(
-                AggregatorMachine(AggregatorConfig(address=Address(host="127.0.0.1", port=1), max_fan_in=2)),
-                f"agg-{i}",
-                Role.AGGREGATOR,
-                self.transport(f"agg-{i}"),
-            )
-            # Bind first to learn the port, then give the machine its real address.
-            _, agg_port = await listening.listen("127.0.0.1", 0)
-            listening.runner.machine = AggregatorMachine(
-                AggregatorConfig(address=Address(host="127.0.0.1", port=agg_port), max_fan_in=self.max_fan_in)
-            )
-            await listening.join_rendezvous(host, port, "rendezvous")
-            self.services.append(listening)
+            await self.start_aggregator(f"agg-{i}")
+
+    async def start_aggregator(self, node_id: str) -> NodeService:
+        """One more aggregator, registered with this cluster's rendezvous."""
+        listening = NodeService(
+            AggregatorMachine(AggregatorConfig(address=Address(host="127.0.0.1", port=1), max_fan_in=2)),
+            node_id,
+            Role.AGGREGATOR,
+            self.transport(node_id),
+        )
+        # Bind first to learn the port, then give the machine its real address.
+        _, agg_port = await listening.listen("127.0.0.1", 0)
+        listening.runner.machine = AggregatorMachine(
+            AggregatorConfig(address=Address(host="127.0.0.1", port=agg_port), max_fan_in=self.max_fan_in)
+        )
+        host, port = self.rendezvous.split(":")
+        await listening.join_rendezvous(host, int(port), "rendezvous")
+        self.services.append(listening)
+        return listening
 
     def aggregator(self, node_id: str) -> AggregatorMachine:
         for service in self.services:

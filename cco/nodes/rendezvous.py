@@ -60,6 +60,7 @@ message gets an Error with its decode code and the connection is closed.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import os
 from collections.abc import Callable, Mapping
@@ -124,6 +125,9 @@ the largest one users run on the slowest link they have (64 MiB of float32 over 
 more again).  A lost peer is found by heartbeats within three intervals, so the
 timeout is only the last resort for a stalled operation."""
 DEFAULT_FAN_IN = 16
+FALLBACK_LABEL = "cco:fallback"
+"""The label an aggregator run by an end host registers with: planned only when the
+dedicated aggregators cannot hold a group, and replaced as soon as they can."""
 
 
 # --- configuration -----------------------------------------------------------------
@@ -743,11 +747,24 @@ class RendezvousMachine:
         return pool
 
     def _candidate(self, group: _Group) -> TreePlan | None:
+        """The group's best tree: on dedicated aggregators if they can hold it, else
+        with the fallback aggregators that endpoints run (draft section "Fallback to
+        End Hosts"), else none."""
         members = {r: MemberInfo(m.node_id, m.labels) for r, m in group.members.items()}
-        try:
-            return plan_tree(members, self._pool(group), group.max_fan_in)
-        except CcoError:
-            return None
+        pool = self._pool(group)
+        dedicated = [a for a in pool if FALLBACK_LABEL not in a.labels]
+        for aggregators in (dedicated, pool) if len(dedicated) < len(pool) else (pool,):
+            with contextlib.suppress(CcoError):
+                return plan_tree(members, aggregators, group.max_fan_in)
+        return None
+
+    def _on_fallback(self, plan: TreePlan) -> bool:
+        """Whether ``plan`` uses an aggregator run by an end host."""
+        return any(
+            FALLBACK_LABEL in self._aggregators[node].labels
+            for node in plan.aggregator_ids
+            if node in self._aggregators
+        )
 
     def _plan(self, group: _Group, out: list[Command]) -> None:
         """PLANNING -> ACTIVE with a tree for the current epoch, or -> WAITING."""
@@ -810,7 +827,10 @@ class RendezvousMachine:
             for _, group in sorted(self._groups.items()):
                 if group.state is GroupState.ACTIVE and group.plan is not None:
                     candidate = self._candidate(group)
-                    if candidate is None or not candidate.better_than(group.plan):
+                    if candidate is None:
+                        continue
+                    back = self._on_fallback(group.plan) and not self._on_fallback(candidate)
+                    if not (back or candidate.better_than(group.plan)):
                         continue
                     group.state = _move(GROUP_TABLE, group.state, "aggregators_changed")
                     self._end_epoch(group, ErrorCode.NO_ERROR, out)
@@ -822,6 +842,7 @@ __all__ = [
     "CHUNK_HEADER_BOUND",
     "DEFAULT_FAN_IN",
     "DEFAULT_PARAMS",
+    "FALLBACK_LABEL",
     "GROUP_TABLE",
     "LOSS_INTERVALS",
     "MAY_SEND",
