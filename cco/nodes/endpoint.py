@@ -21,10 +21,18 @@ rendezvous names as its parent, and runs collectives over that tree:
   first the scale pass, a MIN all-reduce of this rank's proposed scale per block,
   then the data, quantized with the agreed scales and carrying this rank's
   attestations.  The caller sees one operation, the data's; the scale pass is
-  internal, and its failure is the data operation's.
+  internal, and its failure is the data operation's;
+* a tree that fails (a re-planned epoch, a lost parent, an Abort saying so)
+  interrupts operations instead of failing them: they start again from this
+  rank's input in the next tree, within their deadline; a chunk whose result is
+  half a timeout overdue is sent again, and an aggregator answers with the Result
+  it kept;
+* membership is explicit: when members leave, operations fail naming them until
+  the application accepts the new membership (or at once, with ``elastic``).
 
-Besides the caller's array and the result, an operation holds a few chunks'
-worth of memory, whatever the tensor size.
+What an operation holds and how its chunks are encoded and decoded lives in
+:mod:`cco.nodes.operation`: besides the caller's array and the result, a few
+chunks' worth of memory, whatever the tensor size.
 
 Every failure reaches the caller as :class:`OperationFailed` carrying an
 :class:`OperationError`, which names the group, the operation, the collective and,
