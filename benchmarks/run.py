@@ -628,8 +628,8 @@ def quick(args: argparse.Namespace) -> dict[str, Any]:
         big, usage = cco_runs(net, [64 * MiB], rounds, tmp / "cco-loopback")
         gloo_lo = gloo_runs(net, [64 * MiB], rounds, mkdir(tmp / "gloo-lo")) if have_torch else {}
         gloo_lat = gloo_runs(net, [8], args.latency_rounds, mkdir(tmp / "gloo-lat")) if have_torch else {}
-        runs.append({"network": net.describe(), "cco": {**latency, **big}, "gloo": {**gloo_lat, **gloo_lo}})
-        runs[-1]["aggregator"] = usage
+        runs.append({"network": net.describe(), "cco": latency, "gloo": gloo_lat, "aggregator": usage_small})
+        runs.append({"network": net.describe(), "cco": big, "gloo": gloo_lo, "aggregator": usage})
         points.extend(points_of(net, {**latency, **big}, {**gloo_lat, **gloo_lo}))
         bare = bare_quic_goodput(tmp / "cco-loopback" / "pki", net.datagram, 64 * MiB)
     name = "CPU efficiency: aggregator ingress / bare QUIC stream"
@@ -712,7 +712,6 @@ def quick(args: argparse.Namespace) -> dict[str, Any]:
         "points": points,
         "elapsed_seconds": elapsed,
         "latency_rounds": args.latency_rounds,
-        "aggregator_small": usage_small,
     }
 
 
