@@ -1095,3 +1095,35 @@ def test_children_must_partition_expected(children: dict[str, list[int]], expect
     )
     assert errors(rig.rendezvous(bad)) == [ErrorCode.INVALID_FIELD]
     assert rig.machine.group_state(GROUP) is GroupState.UNKNOWN
+
+
+def test_assignment_for_a_newer_epoch_aborts_what_the_old_epoch_left_open() -> None:
+    rig = root_rig()
+    rig.send("ep0", chunk(0, op_id=0, total=4))
+    rig.send("ep1", chunk(1, op_id=0, total=4))
+    assert len(sent(rig.send("ep2", chunk(2, op_id=0, total=4)), None, Result)) == 3
+    rig.send("ep0", chunk(0, op_id=1, total=4))
+    children = {"ep0": [0], "ep1": [1], "ep2": [2]}
+    # The same epoch again (e.g. a repeated assignment) keeps everything.
+    assert sent(rig.rendezvous(assignment(children)), None, Abort) == []
+    assert rig.machine.slot_state(GROUP, 1, 0) is SlotState.COLLECTING
+    assert rig.machine.slot_state(GROUP, 0, 0) is SlotState.COMPLETE
+    # A newer epoch, announced by its assignment alone: the open slot is aborted, the
+    # old epoch's records are forgotten.
+    out = rig.rendezvous(assignment(children, epoch=2))
+    aborts = sent(out, None, Abort)
+    assert {a.code for a in aborts} == {ErrorCode.STALE_EPOCH} and {a.op_id for a in aborts} == {1}
+    assert rig.machine.open_slots(GROUP) == 0
+    assert rig.machine.slot_state(GROUP, 0, 0) is None and rig.machine.slot_state(GROUP, 1, 0) is None
+
+
+def test_broadcast_data_must_come_from_its_root_alone() -> None:
+    rig = Rig()
+    rig.register()
+    rig.connect("ep0")
+    rig.connect("sub", role=Role.AGGREGATOR)
+    rig.rendezvous(assignment({"ep0": [0], "sub": [1, 2]}))
+    data = chunk(1, cls=BroadcastData, kind=Collective.BROADCAST, root=1)
+    widened = dataclasses.replace(data, contributors=bitmap_from_ranks([1, 2]))
+    assert errors(rig.send("sub", widened), "sub") == [ErrorCode.UNAUTHORIZED]
+    assert sent(rig.send("sub", data), "ep0") == [data]
