@@ -30,6 +30,7 @@ import json
 import os
 import platform
 import shutil
+import socket
 import ssl
 import statistics
 import subprocess
@@ -49,7 +50,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 MiB = 1 << 20
 LOOPBACK_DATAGRAM = 16000
-GLOO_PORT = 29500
+GLOO_PORT = 29500  # in rank 0's own namespace; on loopback a free port is taken instead
 OPERATION_TIMEOUT_MS = 600_000
 # Default 1000: on a loaded 2-core machine busy nodes were declared lost mid-run (BENCHMARKS.md).
 HEARTBEAT_MS = 20000
@@ -162,6 +163,7 @@ def gloo_runs(net: Net, sizes: list[int], repeats: int, workdir: Path) -> dict[i
         "GLOO_SOCKET_IFNAME": "eth0" if net.star is not None else "lo",
         "OMP_NUM_THREADS": "1",
     }
+    port = GLOO_PORT if net.star is not None else free_tcp_port()
     processes = []
     log(f"  Gloo {net.describe()}: {', '.join(human(s) for s in sizes)} x {repeats}")
     for rank in range(net.endpoints):
@@ -175,7 +177,7 @@ def gloo_runs(net: Net, sizes: list[int], repeats: int, workdir: Path) -> dict[i
             "--world",
             str(net.endpoints),
             "--master",
-            f"{master}:{GLOO_PORT}",
+            f"{master}:{port}",
             "--repeats",
             str(repeats),
             "--out",
@@ -216,6 +218,14 @@ def gloo_runs(net: Net, sizes: list[int], repeats: int, workdir: Path) -> dict[i
         slowest = [max(times) for times in zip(*per_rank, strict=True)]
         results[size] = {"round_seconds": slowest, "median_seconds": statistics.median(slowest)}
     return results
+
+
+def free_tcp_port() -> int:
+    """A TCP port on loopback that was free a moment ago (for Gloo's store)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def gloo_worker(argv: list[str]) -> int:
