@@ -16,7 +16,11 @@ What aioquic 1.7 does not offer through its public API, and how we get it:
    so the credit a peer holds grows with everything it ever sent.
    :class:`ReceiveCredit` replaces that limit object: credit slides ``window`` bytes
    beyond what was received, and stops growing while ``frozen``.
-4. **Send progress.**  :attr:`CcoQuicConnection.stream_bytes_sent` and
+4. **A send buffer that does not copy.**  Every stream we send on gets a
+   :class:`~cco.transport.sendbuffer.SendBuffer` in place of the sender's
+   ``bytearray`` (``QuicStreamSender._buffer``), which copied all unacknowledged
+   data on each write.
+5. **Send progress.**  :attr:`CcoQuicConnection.stream_bytes_sent` and
    :attr:`~CcoQuicConnection.bytes_in_flight` let the adapter wait for queued data
    to leave (``drain()``) and be acknowledged (a flushing close).
 
@@ -25,7 +29,8 @@ resumed session would skip the client certificate.  Every connection is a full
 handshake, and there is no 0-RTT.
 
 These rely on aioquic internals (checked with 1.7.2, and exercised by the
-transport tests): ``QuicConnection._initialize``, ``_local_max_data``,
+transport tests): ``QuicConnection._initialize``,
+``_get_or_create_stream_for_send``, ``QuicStreamSender._buffer``, ``_local_max_data``,
 ``_remote_max_data_used``, ``_loss.bytes_in_flight``, ``_close_event`` and the TLS
 context's ``_request_client_certificate`` and ``_peer_certificate(_chain)``.
 
@@ -44,9 +49,11 @@ from aioquic.quic import events
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import Limit, QuicConnection
 from aioquic.quic.packet import QuicErrorCode, QuicFrameType
+from aioquic.quic.stream import QuicStream
 from cryptography import x509
 
 from cco.transport.certs import NodeIdentity, identity_from_certificate
+from cco.transport.sendbuffer import SendBuffer
 from cco.wire.errors import CcoError
 
 
@@ -128,6 +135,13 @@ class CcoQuicConnection(QuicConnection):
         """
         result: events.ConnectionTerminated | None = self._close_event
         return result
+
+    def _get_or_create_stream_for_send(self, stream_id: int) -> QuicStream:
+        stream: QuicStream = super()._get_or_create_stream_for_send(stream_id)
+        sender = stream.sender
+        if not isinstance(sender._buffer, SendBuffer):
+            sender._buffer = SendBuffer(sender._buffer)  # type: ignore[assignment]  # same three operations
+        return stream
 
     def _initialize(self, peer_cid: bytes) -> None:
         super()._initialize(peer_cid)
