@@ -1078,3 +1078,12 @@ def test_join_refused_when_no_chunk_message_fits_the_joiners_max_message_size() 
     assert isinstance(reject, JoinReject) and reject.code is ErrorCode.MESSAGE_TOO_LARGE
     assert "max_message_size 1024" in reject.detail
     assert h.group(OTHER).members == (), "a rejected join changes nothing"
+
+
+def test_configuration_bounds_are_inclusive() -> None:
+    """The largest world and the smallest fan-in bound are valid; one beyond is not."""
+    assert GroupConfig(world_size=MAX_WORLD_SIZE, credential=b"").world_size == MAX_WORLD_SIZE
+    assert GroupConfig(world_size=1, credential=b"", max_fan_in=2).max_fan_in == 2
+    assert RendezvousConfig(max_fan_in=2).max_fan_in == 2
+    with pytest.raises(ValueError):
+        GroupConfig(world_size=MAX_WORLD_SIZE + 1, credential=b"")
