@@ -92,11 +92,14 @@ class Net:
 
 
 @contextlib.contextmanager
-def network(endpoints: int, rate_mbit: float | None, mtu: int | None) -> Iterator[Net]:
+def network(
+    endpoints: int, rate_mbit: float | None, mtu: int | None, queue_ms: float = 100.0
+) -> Iterator[Net]:
     if rate_mbit is None or mtu is None:
         yield Net(endpoints, None, None, None)
         return
-    with netns.Star(netns.StarSpec(endpoints=endpoints, rate_mbit=rate_mbit, mtu=mtu)) as star:
+    spec = netns.StarSpec(endpoints=endpoints, rate_mbit=rate_mbit, mtu=mtu, queue_ms=queue_ms)
+    with netns.Star(spec) as star:
         yield Net(endpoints, star, rate_mbit, mtu)
 
 
@@ -491,7 +494,7 @@ def sweep(args: argparse.Namespace) -> dict[str, Any]:
     for endpoints in args.endpoints:
         rate, mtu = (None, None) if args.loopback else (args.rate_mbit, args.mtu)
         tmp = mkdir(args.logs / f"n{endpoints}")
-        with network(endpoints, rate, mtu) as net:
+        with network(endpoints, rate, mtu, args.queue_ms) as net:
             settings = netns.CcoSettings(
                 max_datagram_size=net.datagram,
                 operation_timeout_ms=OPERATION_TIMEOUT_MS,
@@ -754,6 +757,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--sizes", type=int, nargs="+", default=DEFAULT_SIZES, help="bytes per rank")
     parser.add_argument("--rate-mbit", type=float, default=40.0, help="tbf rate of each link direction")
+    parser.add_argument("--queue-ms", type=float, default=100.0, help="tbf queue, in ms at the rate")
     parser.add_argument("--mtu", type=int, default=9000, choices=(1500, 9000), help="veth MTU")
     parser.add_argument("--repeats", type=int, default=3, help="rounds per size (median reported)")
     parser.add_argument(
