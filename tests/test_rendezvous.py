@@ -1088,11 +1088,3 @@ def test_configuration_bounds_are_inclusive() -> None:
     with pytest.raises(ValueError):
         GroupConfig(world_size=MAX_WORLD_SIZE + 1, credential=b"")
 
-
-@pytest.mark.parametrize("rank", [4, 5])
-def test_requested_rank_must_be_below_the_world_size(rank: int) -> None:
-    h = Harness()
-    reject = only(h.endpoint("x", rank=rank), "x", JoinReject)
-    assert isinstance(reject, JoinReject) and reject.code is ErrorCode.RANK_UNAVAILABLE
-    accept = only(h.endpoint("y", rank=3), "y", JoinAccept)  # the highest rank is fine
-    assert isinstance(accept, JoinAccept) and accept.rank == 3
