@@ -1087,4 +1087,3 @@ def test_configuration_bounds_are_inclusive() -> None:
     assert RendezvousConfig(max_fan_in=2).max_fan_in == 2
     with pytest.raises(ValueError):
         GroupConfig(world_size=MAX_WORLD_SIZE + 1, credential=b"")
-
