@@ -200,7 +200,15 @@ async def _stay_registered(
 
 
 def peak_rss_bytes() -> int:
-    """This process's peak resident set size (Linux reports ru_maxrss in KiB)."""
+    """This process's peak resident set size.
+
+    ``VmHWM`` from /proc where there is one: ``ru_maxrss`` survives exec on Linux, so
+    a node started by a large parent would report the parent's peak.  Elsewhere
+    ``ru_maxrss`` (KiB on Linux, bytes on macOS; only Linux is claimed here)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
