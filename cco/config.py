@@ -83,7 +83,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("chunk_elements", "elements per chunk for new groups", 65536, int, (R,)),
     Option("window", "chunks in flight per operation for new groups", 8, int, (R,)),
     Option("heartbeat_ms", "heartbeat interval in milliseconds", 1000, int, (R,)),
-    Option("operation_timeout_ms", "deadline of one collective in milliseconds", 300_000, int, (R,)),
+    Option(
+        "operation_timeout_ms",
+        "milliseconds a collective may go without progress (a slot at an aggregator, a chunk at an endpoint)",
+        30_000,
+        int,
+        (R,),
+    ),
     Option(
         "dynamic_groups",
         "create a group on its first join (else only --group-id is served)",

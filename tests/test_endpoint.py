@@ -1243,3 +1243,32 @@ def test_a_genuine_result_of_another_operation_is_refused(change: dict[str, obje
     parts = [payload.seal(KEYS, header, r, values) for r in range(WORLD)]
     (error,) = failures(rig.from_parent(payload.combine(parts, Result)))
     assert error.code is ErrorCode.OPERATION_MISMATCH and error.op_id == op_id
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+def test_the_default_deadline_is_a_watchdog_an_explicit_timeout_a_bound(explicit: bool) -> None:
+    """Without a timeout, an operation may take longer than the group's operation
+    timeout in all, as long as its chunks keep completing; an explicit timeout bounds
+    the whole operation."""
+    rig = Rig()
+    params = GroupParams(chunk_elements=4, window=1, heartbeat_interval_ms=100, operation_timeout_ms=1000)
+    rig.join(params)
+    limit = 1.1  # the operation timeout plus one heartbeat interval
+    op_id, out = rig.start(int_request(list(range(12)), timeout=limit if explicit else None))
+    outcomes: list[Command] = []
+    for _ in range(3):  # one chunk at a time (window 1), each answered 0.9 s after it left
+        (chunk,) = sent(out, rig.parent, Contribution)
+        for _ in range(9):  # the rendezvous keeps talking while time passes
+            rig.rendezvous(Heartbeat(seq=1))
+            outcomes += rig.timer(rig.now + 0.1)
+        if failures(outcomes):
+            break
+        out = rig.from_parent(result_for(chunk))
+        outcomes += out
+    if explicit:
+        (error,) = failures(outcomes)
+        assert error.code is ErrorCode.TIMEOUT and error.op_id == op_id
+    else:
+        assert failures(outcomes) == []
+        (completed,) = [c for c in outcomes if isinstance(c, OperationCompleted)]
+        assert completed.op_id == op_id and rig.now == pytest.approx(2.7)

@@ -303,11 +303,14 @@ class CollectiveRequest:
     same one): narrower is exact, deterministic compression, each element of the
     result within about c x M / Q of the exact sum, M being the largest magnitude in
     its block of ``block_elements`` elements on any rank, c the contributors and
-    Q = floor(min(2^(width-1) - 1, B) / world_size) (draft section "Block Scales").  ``timeout`` is
-    in seconds; None means the group's operation timeout
-    plus one heartbeat interval, so that the tree's Abort, which names the missing
-    ranks, normally arrives first.  ``dtype`` is needed only for BFLOAT16 (carried
-    in float32 arrays); otherwise it follows ``array.dtype``.
+    Q = floor(min(2^(width-1) - 1, B) / world_size) (draft section "Block Scales").
+
+    ``timeout`` in seconds bounds the whole operation.  None (the default) is a
+    watchdog instead: the operation fails when none of its chunks completes for the
+    group's operation timeout plus one heartbeat interval (so that the tree's Abort,
+    which names the missing ranks, normally arrives first), however long a large
+    operation on a slow link takes in all.  ``dtype`` is needed only for BFLOAT16
+    (carried in float32 arrays); otherwise it follows ``array.dtype``.
     """
 
     kind: Collective
@@ -501,6 +504,7 @@ class EndpointMachine:
             placed=placed,
             deadline=now + timeout,
             timeout=timeout,
+            watchdog=request.timeout is None,
         )
         if total >= 0:
             self._size(operation, total)
@@ -860,6 +864,7 @@ class EndpointMachine:
             )
         op.epoch = message.epoch
         op.verified[index] = digest(message.payload)
+        self._progress(op, now)
         op.decode(index, values)
         if index in op.outstanding:
             del op.outstanding[index]
@@ -920,6 +925,13 @@ class EndpointMachine:
         self._op_event(op, LAST_CHUNK)
         del self._ops[op.op_id]
         return [OperationCompleted(op.op_id, result)]
+
+    def _progress(self, op: Operation, now: float) -> None:
+        """A chunk completed: a watchdog deadline (no explicit timeout) moves on, for
+        this operation and for the data operation its scale pass feeds."""
+        for moving in (op, self._ops.get(op.feeds) if op.feeds is not None else None):
+            if moving is not None and moving.watchdog:
+                moving.deadline = max(moving.deadline, now + moving.timeout)
 
     def _send_again(self, request: RetransmitRequest, now: float) -> list[Command]:
         """Send the listed chunks again: sealing is deterministic, so each copy is

@@ -72,6 +72,7 @@ class Operation:
     placed: range  # the positions that carry source (ALL_GATHER: rank r's slice; else all)
     deadline: float
     timeout: float
+    watchdog: bool = False  # the deadline moves on with every completed chunk (no explicit timeout)
     epoch: int | None = None  # fixed by the first chunk sent (or the first received)
     chunk_elements: int = 0
     chunks: int = 0
@@ -274,6 +275,7 @@ def scale_pass(op_id: int, data: Operation) -> Operation:
         placed=range(len(proposals)),
         deadline=data.deadline,
         timeout=data.timeout,
+        watchdog=data.watchdog,
         feeds=data.op_id,
     )
     agreement.size(len(proposals), data.chunk_elements, data.members)
