@@ -1127,3 +1127,36 @@ def test_broadcast_data_must_come_from_its_root_alone() -> None:
     widened = dataclasses.replace(data, contributors=bitmap_from_ranks([1, 2]))
     assert errors(rig.send("sub", widened), "sub") == [ErrorCode.UNAUTHORIZED]
     assert sent(rig.send("sub", data), "ep0") == [data]
+
+
+def test_parked_data_expires_oldest_first_after_pending_timeout_not_before() -> None:
+    rig = Rig()  # pending_timeout 2 s
+    rig.register()
+    rig.connect("ep0")
+    rig.send("ep0", chunk(0, group=OTHER, op_id=0))  # no assignment for OTHER: parked at 0.0
+    rig.now = 1.5
+    rig.send("ep0", chunk(0, group=OTHER, op_id=1))  # parked at 1.5
+    assert sent(rig.timer(1.9), None, Abort) == []
+    assert [a.op_id for a in sent(rig.timer(2.0), "ep0", Abort)] == [0]
+    assert rig.machine.pending_bytes > 0
+    assert [a.op_id for a in sent(rig.timer(3.5), "ep0", Abort)] == [1]
+    assert rig.machine.pending_bytes == 0
+
+
+def test_data_held_for_a_child_that_never_connects_is_dropped_after_pending_timeout() -> None:
+    rig = Rig()  # pending_timeout 2 s
+    rig.register()
+    rig.connect("ep1")
+    rig.rendezvous(assignment({"ep0": [0], "ep1": [1]}))
+    first = chunk(1, cls=BroadcastData, kind=Collective.BROADCAST, root=1, op_id=0)
+    second = chunk(1, cls=BroadcastData, kind=Collective.BROADCAST, root=1, op_id=1)
+    rig.send("ep1", first)  # held for ep0 at 0.0
+    rig.now = 1.5
+    rig.send("ep1", second)  # held for ep0 at 1.5
+    rig.timer(1.9)
+    assert rig.machine.pending_bytes == len(first.payload) + len(second.payload)
+    rig.timer(2.0)
+    assert rig.machine.pending_bytes == len(second.payload), "the older one is dropped first"
+    rig.timer(3.5)
+    assert rig.machine.pending_bytes == 0
+    assert rig.feed(PeerConnected("ep0", "ep0", Role.ENDPOINT)) == [], "nothing stale is delivered"

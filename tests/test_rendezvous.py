@@ -1087,3 +1087,10 @@ def test_configuration_bounds_are_inclusive() -> None:
     assert RendezvousConfig(max_fan_in=2).max_fan_in == 2
     with pytest.raises(ValueError):
         GroupConfig(world_size=MAX_WORLD_SIZE + 1, credential=b"")
+
+
+def test_a_random_source_giving_a_short_secret_is_refused() -> None:
+    config = RendezvousConfig(groups={GID: GroupConfig(world_size=2, credential=CRED)})
+    with pytest.raises(ValueError, match="31 bytes"):
+        RendezvousMachine(config, random_bytes=lambda n: bytes(n - 1))
+    assert RendezvousMachine(config, random_bytes=bytes).status().groups[0].group_id == GID
