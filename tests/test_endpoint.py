@@ -40,6 +40,7 @@ from cco.nodes.events import (
     ConnectTo,
     Input,
     Joined,
+    JoinFailed,
     MessageMalformed,
     MessageReceived,
     OperationCompleted,
@@ -56,6 +57,7 @@ from cco.wire.dtypes import ELEMENT_TYPES
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import bitmap_from_ranks
 from cco.wire.messages import (
+    MAX_TOTAL_ELEMENTS,
     Abort,
     Address,
     BroadcastData,
@@ -1272,3 +1274,98 @@ def test_the_default_deadline_is_a_watchdog_an_explicit_timeout_a_bound(explicit
         assert failures(outcomes) == []
         (completed,) = [c for c in outcomes if isinstance(c, OperationCompleted)]
         assert completed.op_id == op_id and rig.now == pytest.approx(2.7)
+
+
+# --- refusals found unasserted by the mutation run ------------------------------------
+
+
+OTHER_GROUP = bytes.fromhex("ee" * 16)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        JoinAccept(
+            group_id=OTHER_GROUP, rank=RANK, world_size=WORLD, epoch=2, group_secret=SECRET, params=PARAMS
+        ),
+        JoinReject(group_id=OTHER_GROUP, code=ErrorCode.GROUP_FULL, detail="full"),
+        EpochChange(group_id=OTHER_GROUP, epoch=2, members=b"\x0f", code=ErrorCode.NO_ERROR),
+    ],
+    ids=["JoinAccept", "JoinReject", "EpochChange"],
+)
+def test_the_rendezvous_speaking_of_another_group_is_refused(message: Message) -> None:
+    rig = joined()
+    assert [e.code for e in sent(rig.rendezvous(message), "rv", Error)] == [ErrorCode.UNKNOWN_GROUP]
+    assert rig.machine.state is SessionState.READY and rig.machine.epoch == 1
+
+
+def test_a_tree_for_another_group_or_without_a_parent_is_refused() -> None:
+    rig = joined()
+    other = dataclasses.replace(tree(epoch=2), group_id=OTHER_GROUP)
+    assert [e.code for e in sent(rig.rendezvous(other), "rv", Error)] == [ErrorCode.UNKNOWN_GROUP]
+    orphan = dataclasses.replace(tree(epoch=2), parent=None)
+    (error,) = sent(rig.rendezvous(orphan), "rv", Error)
+    assert error.code is ErrorCode.INVALID_FIELD and "an endpoint needs a parent" in error.detail
+    assert rig.machine.epoch == 1
+
+
+def test_an_error_answering_the_join_request_ends_the_session_with_its_code() -> None:
+    rig = Rig()
+    rig.feed(PeerConnected("rv", "rendezvous", Role.RENDEZVOUS))
+    out = rig.rendezvous(Error(code=ErrorCode.UNAUTHORIZED, detail="ep-1 is already connected"))
+    (failed,) = [c for c in out if isinstance(c, JoinFailed)]
+    assert (
+        failed.code is ErrorCode.UNAUTHORIZED and "join refused: ep-1 is already connected" in failed.detail
+    )
+    assert next(c for c in out if isinstance(c, ClosePeer)).code is ErrorCode.UNAUTHORIZED
+    assert rig.machine.state is SessionState.REJECTED
+
+
+def test_the_parent_may_send_only_data_traffic() -> None:
+    rig = joined()
+    (error,) = sent(rig.from_parent(accept()), rig.parent, Error)
+    assert (
+        error.code is ErrorCode.PROTOCOL_VIOLATION
+        and "JoinAccept is not allowed from the parent" in error.detail
+    )
+
+
+@pytest.mark.parametrize("root", [-1, WORLD])
+def test_a_root_outside_the_group_is_refused(root: int) -> None:
+    rig = joined()
+    with pytest.raises(CcoError, match=f"root {root} is not a rank of {WORLD}") as info:
+        rig.start(CollectiveRequest(kind=Collective.REDUCE, array=np.zeros(2, np.int32), root=root))
+    assert info.value.code is ErrorCode.INVALID_FIELD
+
+
+@pytest.mark.parametrize("kind", [Collective.BROADCAST, Collective.ALL_GATHER, Collective.BARRIER])
+def test_data_moving_kinds_take_no_reduction_op(kind: Collective) -> None:
+    rig = joined()
+    root = 0 if kind is Collective.BROADCAST else None
+    array = None if kind is Collective.BARRIER else np.zeros(2, np.int32)
+    with pytest.raises(CcoError, match="takes no reduction op") as info:
+        rig.start(CollectiveRequest(kind=kind, op=ReduceOp.MIN, array=array, root=root))
+    assert info.value.code is ErrorCode.INVALID_FIELD
+
+
+def test_a_tensor_beyond_the_element_limit_is_refused() -> None:
+    rig = joined()
+    huge = np.broadcast_to(np.int8(0), (MAX_TOTAL_ELEMENTS + 1,))  # no memory behind it
+    with pytest.raises(CcoError, match="exceed") as info:
+        rig.start(CollectiveRequest(kind=Collective.ALL_REDUCE, array=huge))
+    assert info.value.code is ErrorCode.MESSAGE_TOO_LARGE
+    slice_ = np.broadcast_to(np.int8(0), (MAX_TOTAL_ELEMENTS // WORLD + 1,))  # ALL_GATHER: world x slice
+    with pytest.raises(CcoError, match="exceed"):
+        rig.start(CollectiveRequest(kind=Collective.ALL_GATHER, array=slice_))
+
+
+@pytest.mark.parametrize("bits", [8, 16, 32, 64])
+def test_every_wire_width_can_be_asked_for(bits: int) -> None:
+    rig = joined()
+    _, out = rig.start(
+        CollectiveRequest(kind=Collective.ALL_REDUCE, array=np.ones(4, np.float32), width=bits)
+    )
+    (proposals,) = sent(out, rig.parent, Contribution)
+    out = rig.from_parent(tree_result(proposals, {r: np.zeros(0) for r in range(WORLD) if r != RANK}))
+    (data,) = sent(out, rig.parent, Contribution)
+    assert data.width == bits // 8 and data.block_elements == PARAMS.block_elements
