@@ -1369,3 +1369,62 @@ def test_every_wire_width_can_be_asked_for(bits: int) -> None:
     out = rig.from_parent(tree_result(proposals, {r: np.zeros(0) for r in range(WORLD) if r != RANK}))
     (data,) = sent(out, rig.parent, Contribution)
     assert data.width == bits // 8 and data.block_elements == PARAMS.block_elements
+
+
+def test_a_rendezvous_lost_while_joining_fails_the_join_with_the_reason() -> None:
+    rig = Rig()
+    rig.feed(PeerConnected("rv", "rendezvous", Role.RENDEZVOUS))
+    out = rig.feed(PeerDisconnected("rv", ErrorCode.PEER_LOST))
+    (failed,) = [c for c in out if isinstance(c, JoinFailed)]
+    assert failed.code is ErrorCode.PEER_LOST and "rendezvous connection closed" in failed.detail
+    assert not [c for c in out if isinstance(c, ClosePeer) and c.peer == "rv"]  # already closed
+    assert rig.machine.state is SessionState.CLOSED
+
+
+def test_a_silent_rendezvous_is_closed_and_a_joined_session_ends_without_join_failure() -> None:
+    rig = Rig()
+    rig.join(GroupParams(chunk_elements=4, window=2, heartbeat_interval_ms=100, operation_timeout_ms=1000))
+    out = rig.timer(rig.now + 0.31)  # three silent heartbeat intervals
+    assert (
+        ClosePeer("rv", ErrorCode.PEER_LOST, "no message from the rendezvous for three heartbeat intervals")
+        in out
+    )
+    assert not [c for c in out if isinstance(c, JoinFailed)]
+    assert rig.machine.state is SessionState.CLOSED
+
+
+def test_data_from_a_lost_parent_connection_is_refused() -> None:
+    rig = joined()
+    rig.start(int_request([1]))
+    lost = rig.parent
+    assert lost is not None
+    rig.feed(PeerDisconnected(lost, ErrorCode.PEER_LOST))
+    assert rig.machine.state is SessionState.RECONNECTING
+    late = result_for(payload.seal(KEYS, int_header(0, 1, 1), RANK, np.ones(1, np.int64)))
+    (error,) = sent(rig.feed(MessageReceived(lost, late)), lost, Error)
+    assert error.code is ErrorCode.PROTOCOL_VIOLATION
+
+
+def test_an_unencodable_input_while_the_tree_is_replanned_tells_nobody() -> None:
+    """Only a rank in a ready tree sends the Abort that tells the others at once."""
+    rig = joined()
+    rig.rendezvous(EpochChange(group_id=GROUP, epoch=2, members=b"\x0f", code=ErrorCode.NO_ERROR))
+    assert rig.machine.state is SessionState.REPLANNING
+    _, out = rig.start(CollectiveRequest(kind=Collective.ALL_REDUCE, array=np.array([np.nan], np.float32)))
+    (error,) = failures(out)
+    assert error.code is ErrorCode.OVERFLOW and sent(out, rig.parent, Abort) == []
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        CollectiveRequest(kind=Collective.ALL_REDUCE, array=np.zeros(2, np.float32), dtype=DType.FLOAT16),
+        CollectiveRequest(kind=Collective.ALL_REDUCE, dtype=DType.INT32),
+    ],
+    ids=["array-not-of-the-dtype", "no-array-though-not-a-receiver"],
+)
+def test_an_array_must_be_given_and_match_its_dtype(request_: CollectiveRequest) -> None:
+    rig = joined()
+    with pytest.raises(CcoError) as info:
+        rig.start(request_)
+    assert info.value.code is ErrorCode.INVALID_FIELD

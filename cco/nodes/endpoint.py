@@ -562,11 +562,8 @@ class EndpointMachine:
         return out
 
     def leave(self, now: float) -> list[Command]:
-        """Leave the group: tell the rendezvous, fail what is in flight, close."""
-        if not SESSION_TABLE.allows(self._state, LEAVE):
-            raise CcoError(
-                ErrorCode.PROTOCOL_VIOLATION, f"leave() is not allowed in state {self._state.name}"
-            )
+        """Leave the group: tell the rendezvous, fail what is in flight, close.  Every
+        state allows it (in the terminal ones it does nothing)."""
         was = self._state
         self._state = SESSION_TABLE.next(self._state, LEAVE)
         if was is self._state:
