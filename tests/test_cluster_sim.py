@@ -677,6 +677,37 @@ def test_fallback_to_end_hosts_and_back_to_dedicated_aggregators() -> None:
     exact()  # back on a dedicated aggregator
 
 
+def test_a_rank_that_lost_a_result_with_the_tree_gets_it_in_the_next_tree() -> None:
+    """The tree dies after one rank got its Result and before the other did: the
+    second rank starts the operation again in the new epoch, the new aggregator asks
+    the first for its part (at half the timeout), and the first seals its kept chunk
+    again under the new epoch.  Both end with the same exact result."""
+
+    def lose_results_to_rank_1(src: str, dst: str, message: Message) -> int:
+        return 0 if isinstance(message, Result) and dst == "g-ep1" and message.epoch == 1 else 1
+
+    d = build_cluster(
+        [GroupSpec(GROUP, 2)],
+        aggregators=2,
+        params=PARAMS,
+        max_fan_in=4,
+        seed=36,
+        faults=lose_results_to_rank_1,
+    )
+    data = {r: np.arange(4, dtype=np.int32) * (r + 1) for r in range(2)}
+    op_ids = d.start(
+        GROUP, {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=data[r]) for r in range(2)}
+    )
+    d.cluster.run(lambda: 0 in d.outcomes(GROUP, op_ids))
+    assert list(d.outcomes(GROUP, op_ids)) == [0], "rank 0 has its result, rank 1 not"
+    (tree,) = [a for a in d.aggregators if d.aggregator(a).group_epoch(GROUP) == 1]
+    d.cluster.kill(tree)
+    d.cluster.run(lambda: len(d.outcomes(GROUP, op_ids)) == 2)
+    result = identical(d.outcomes(GROUP, op_ids))
+    assert result is not None and result.tolist() == [0, 3, 6, 9]
+    assert d.endpoint(GROUP, 1).epoch == 2
+
+
 def test_losing_an_aggregator_replans_the_tree() -> None:
     params = dataclasses.replace(PARAMS, heartbeat_interval_ms=100)
     d = build_cluster([GroupSpec(GROUP, WORLD)], aggregators=3, params=params, max_fan_in=5, seed=10)

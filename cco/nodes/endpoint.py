@@ -41,6 +41,7 @@ when anyone knows them, the ranks that did not contribute.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from dataclasses import dataclass
 from enum import Enum
@@ -92,7 +93,7 @@ from cco.wire.messages import (
     TreeAssignment,
 )
 from cco.wire.ops import CONSISTENCY_OPS, SUM_KINDS, Form, check_operation, form
-from cco.wire.packing import WIDTHS
+from cco.wire.packing import WIDTHS, unpack
 from cco.wire.registries import Collective, DType, ReduceOp, Role
 
 # --- states and transition tables -------------------------------------------------
@@ -377,6 +378,10 @@ class EndpointMachine:
         self._epoch = 0
         self._members: frozenset[int] = frozenset()
         self._accepted: frozenset[int] = frozenset()
+        self._recent: OrderedDict[tuple[int, int], ChunkMessage] = OrderedDict()
+        """The last 2 x window chunks this rank sealed (their payload at its width: a few
+        MiB at most), to seal again for a rank that restarts an operation this one
+        completed (see _send_again)."""
         self._no_tree: str | None = None  # why no tree can be had (NO_AGGREGATOR), until one is assigned
         self._params: GroupParams | None = None
         self._keys: payload.GroupKeys | None = None
@@ -932,11 +937,35 @@ class EndpointMachine:
 
     def _send_again(self, request: RetransmitRequest, now: float) -> list[Command]:
         """Send the listed chunks again: sealing is deterministic, so each copy is
-        identical to the first and an aggregator that has it recognises it."""
+        identical to the first and an aggregator that has it recognises it.
+
+        A chunk of an operation this rank already completed is asked for when the
+        tree failed after this rank got its result but before another rank did:
+        that rank starts the operation again in the new epoch and cannot finish
+        without this rank's part.  The last sealed chunks are kept for that and
+        sealed again, the same integers under the new epoch's chunk ids."""
         op = self._ops.get(request.op_id)
-        if op is None or op.epoch != request.epoch:
+        if op is None:
+            return self._seal_again(request)
+        if op.epoch != request.epoch:
             return []
         return self._resend(op, set(request.chunks), now)
+
+    def _seal_again(self, request: RetransmitRequest) -> list[Command]:
+        if self._parent is None or not self._parent_up or request.epoch != self._epoch:
+            return []
+        assert self._keys is not None and self._rank is not None
+        out: list[Command] = []
+        for index in sorted(set(request.chunks)):
+            kept = self._recent.get((request.op_id, index))
+            if kept is None or kept.epoch >= request.epoch:
+                continue
+            header = dataclasses.replace(payload.ChunkHeader.of(kept), epoch=request.epoch)
+            values = unpack(kept.payload, kept.width).astype(np.int64)
+            out.append(
+                SendMessage(self._parent, payload.seal(self._keys, header, self._rank, values, type(kept)))
+            )
+        return out
 
     def _resend(self, op: Operation, chunks: set[int], now: float) -> list[Command]:
         if self._parent is None or not self._parent_up:
@@ -988,13 +1017,23 @@ class EndpointMachine:
             op.epoch = self._epoch
             op.members = self._members
         cls: type[ChunkMessage] = BroadcastData if op.kind is Collective.BROADCAST else Contribution
-        return payload.seal(
+        sealed = payload.seal(
             self._keys,
             op.header(self.config.group_id, index, op.epoch),
             self._rank,
             op.chunk_values(index),
             cls,
         )
+        self._recent[(op.op_id, index)] = sealed
+        self._recent.move_to_end((op.op_id, index))
+        while len(self._recent) > 2 * self._window:
+            self._recent.popitem(last=False)
+        return sealed
+
+    @property
+    def _window(self) -> int:
+        assert self._params is not None
+        return self._params.window
 
     def _wire_width(self, request: CollectiveRequest, dtype: DType, op: ReduceOp, scaled: bool) -> int:
         """Bytes per integer of a block-scaled operation (0 for the other forms)."""
