@@ -78,6 +78,7 @@ TARGETS = (
             "tests/test_payload_blockscale.py",
             "tests/test_payload_mac.py",
             "tests/test_payload_vectors.py",
+            "tests/test_payload_refusals.py",
             "tests/test_vectors.py",
         ),
         everything=False,

@@ -185,7 +185,7 @@ def result(values: list[int], h: payload.ChunkHeader | None = None) -> ChunkMess
     [
         ({"tag": None}, ErrorCode.VERIFICATION_FAILED, "tag: missing"),
         ({"tag": P}, ErrorCode.VERIFICATION_FAILED, "tag: not an element of F_p"),
-        ({"tag": -5}, ErrorCode.VERIFICATION_FAILED, "tag: not an element of F_p"),
+        ({"tag": -1}, ErrorCode.VERIFICATION_FAILED, "tag: not an element of F_p"),
         ({"width": 3}, ErrorCode.INVALID_FIELD, "width 3 is not one of"),
         ({"payload": b""}, ErrorCode.INVALID_FIELD, "payload has 0 bytes"),
     ],
