@@ -1428,3 +1428,14 @@ def test_an_array_must_be_given_and_match_its_dtype(request_: CollectiveRequest)
     with pytest.raises(CcoError) as info:
         rig.start(request_)
     assert info.value.code is ErrorCode.INVALID_FIELD
+
+
+def test_the_chunks_kept_for_restarted_operations_are_the_last_two_windows() -> None:
+    rig = joined()
+    for values in (list(range(20)), list(range(8))):  # 5 chunks, then 2 (window 2)
+        _, out = rig.start(int_request(values))
+        chunks = sent(out, rig.parent, Contribution)
+        while chunks:
+            out = rig.from_parent(result_for(chunks.pop(0)))
+            chunks += sent(out, rig.parent, Contribution)
+    assert rig.machine.kept_chunks == [(0, 3), (0, 4), (1, 0), (1, 1)]  # 2 x window, newest last

@@ -430,6 +430,12 @@ class EndpointMachine:
         return self.config.group_id
 
     @property
+    def kept_chunks(self) -> list[tuple[int, int]]:
+        """(op_id, chunk_index) of the sealed chunks kept to seal again for a rank that
+        restarts an operation this one completed: the last 2 x window, oldest first."""
+        return list(self._recent)
+
+    @property
     def outstanding(self) -> int:
         """Chunks sent whose result has not come back, across all operations."""
         return self._outstanding
