@@ -78,7 +78,7 @@ from cco.wire.messages import (
     RetransmitRequest,
     TreeAssignment,
 )
-from cco.wire.ops import BIT_EXACT_KINDS, OPS, Form, form
+from cco.wire.ops import OPS, Form, form
 from cco.wire.packing import contribution_bound, narrow, unpack
 from cco.wire.registries import Collective, DType, ReduceOp, Role
 
@@ -833,7 +833,7 @@ def random_input(rng: np.random.Generator, dtype: DType, kind: Collective, n: in
     """Any bit pattern (NaN payloads too) where data only moves; otherwise values whose
     reduction over WORLD ranks fits the type."""
     element = ELEMENT_TYPES[dtype]
-    if kind in BIT_EXACT_KINDS:
+    if form(kind, ReduceOp.SUM, dtype) is Form.PATTERNS:
         return rng.integers(0, 256, n * element.storage.itemsize, dtype=np.uint8).view(element.storage)
     if element.is_float:
         return rng.uniform(-1, 1, n).astype(element.storage)

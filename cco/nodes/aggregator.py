@@ -639,9 +639,7 @@ class AggregatorMachine:
         if assignment.epoch > group.epoch or group.assignment is None:
             if group.slots or group.outbox:
                 out += self._abort_all(group, ErrorCode.STALE_EPOCH, "superseded by a new epoch", None, now)
-            group.record.clear()
-            group.aborted.clear()
-            self._forget_results(group)
+            self._forget_epoch(group)
         group.epoch = assignment.epoch
         group.assignment = assignment
         group.children = {c.node_id: ranks_from_bitmap(c.ranks) for c in assignment.children}
@@ -682,9 +680,7 @@ class AggregatorMachine:
         group.epoch = change.epoch
         group.assignment = None
         group.retry_at = None
-        group.record.clear()
-        group.aborted.clear()
-        self._forget_results(group)
+        self._forget_epoch(group)
         return out
 
     # --- data plane -------------------------------------------------------------
@@ -1001,6 +997,12 @@ class AggregatorMachine:
         self._kept_bytes += len(result.payload)
         while len(group.results) > 2 * group.window:
             self._kept_bytes -= len(group.results.popitem(last=False)[1].payload)
+
+    def _forget_epoch(self, group: _Group) -> None:
+        """What this node remembers of the group's operations belongs to one epoch."""
+        group.record.clear()
+        group.aborted.clear()
+        self._forget_results(group)
 
     def _forget_results(self, group: _Group, op_id: int | None = None) -> None:
         """Drop the kept Results of one operation (None: of every operation)."""

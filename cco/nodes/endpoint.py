@@ -467,7 +467,7 @@ class EndpointMachine:
         scaled = form(request.kind, op, dtype) is Form.BLOCK_SCALED
         width = self._wire_width(request, dtype, op, scaled)
         limit = blockscale.sum_limit(width, self._world_size) if scaled else 0
-        if self._members != self._world and request.kind in (
+        if len(self._members) < self._world_size and request.kind in (
             Collective.ALL_GATHER,
             Collective.REDUCE_SCATTER,
         ):
@@ -481,17 +481,9 @@ class EndpointMachine:
         scale_id = self._next_op_id if scaled else None
         self._next_op_id += 1 if scale_id is None else 2
         op_id = self._next_op_id - 1
-        if self._members != self._accepted:
-            return op_id, [OperationFailed(op_id, self._membership_error(op_id, request.kind))]
-        if self._no_tree is not None:
-            error = OperationError(
-                ErrorCode.NO_AGGREGATOR,
-                self._no_tree,
-                group_id=self.config.group_id,
-                op_id=op_id,
-                kind=request.kind,
-            )
-            return op_id, [OperationFailed(op_id, error)]
+        refusal = self._refusal(op_id, request.kind)
+        if refusal is not None:
+            return op_id, [OperationFailed(op_id, refusal)]
         timeout = request.timeout if request.timeout is not None else self._default_timeout()
         source = source_of(array) if sending else None
         placed = placement(request.kind, dtype, source, self._rank)
@@ -536,27 +528,26 @@ class EndpointMachine:
             out += self._pump(now)
         return op_id, out
 
-    @property
-    def _world(self) -> frozenset[int]:
-        return frozenset(range(self._world_size))
-
-    def _membership_error(self, op_id: int, kind: Collective) -> OperationError:
-        """Why an operation cannot run: the members changed and were not accepted."""
-        lost, joined = self._accepted - self._members, self._members - self._accepted
-        changes = [f"ranks {ranks_text(lost)} left"] if lost else []
-        changes += [f"ranks {ranks_text(joined)} joined"] if joined else []
-        detail = (
-            f"the membership changed in epoch {self._epoch} ({', '.join(changes)}): accept the new "
-            f"membership ({ranks_text(self._members)}) to run collectives over it"
-        )
-        return OperationError(
-            ErrorCode.PEER_LOST,
-            detail,
-            group_id=self.config.group_id,
-            op_id=op_id,
-            kind=kind,
-            missing_ranks=lost,
-        )
+    def _refusal(self, op_id: int, kind: Collective) -> OperationError | None:
+        """Why an operation cannot run now, if it cannot: the members changed and were
+        not accepted, or no aggregator can serve the group."""
+        group_id = self.config.group_id
+        if self._members != self._accepted:
+            lost, joined = self._accepted - self._members, self._members - self._accepted
+            changes = [f"ranks {ranks_text(lost)} left"] if lost else []
+            changes += [f"ranks {ranks_text(joined)} joined"] if joined else []
+            detail = (
+                f"the membership changed in epoch {self._epoch} ({', '.join(changes)}): accept the new "
+                f"membership ({ranks_text(self._members)}) to run collectives over it"
+            )
+            return OperationError(
+                ErrorCode.PEER_LOST, detail, group_id=group_id, op_id=op_id, kind=kind, missing_ranks=lost
+            )
+        if self._no_tree is not None:
+            return OperationError(
+                ErrorCode.NO_AGGREGATOR, self._no_tree, group_id=group_id, op_id=op_id, kind=kind
+            )
+        return None
 
     def _begin(self, operation: Operation, now: float) -> list[Command]:
         """Register an operation and replay what arrived for it before it started."""

@@ -60,13 +60,6 @@ class UInt(FieldType[int]):
         return self._check(raw, where, encoding=False)
 
 
-class Int(UInt):
-    """A signed integer in ``[minimum, maximum]``."""
-
-    def __init__(self, minimum: int, maximum: int) -> None:
-        super().__init__(maximum=maximum, minimum=minimum)
-
-
 class Bytes(FieldType[bytes]):
     """A byte string whose length lies in ``[min_len, max_len]``."""
 

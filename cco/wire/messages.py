@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from cco.wire import cbor
+from cco.wire.blockscale import block_count
 from cco.wire.errors import DecodeError, ErrorCode
 from cco.wire.fields import (
     Bitmap,
@@ -329,9 +330,7 @@ class ChunkMessage(Message):
     @property
     def block_count(self) -> int:
         """Blocks of a block-scaled chunk (0 for other chunks)."""
-        if self.block_elements is None:
-            return 0
-        return -(-self.element_count // self.block_elements)
+        return 0 if self.block_elements is None else block_count(self.element_count, self.block_elements)
 
     def validate(self, where: str, encoding: bool) -> None:
         if self.width not in ELEMENT_WIDTHS:

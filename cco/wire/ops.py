@@ -49,9 +49,6 @@ OPS: dict[ReduceOp, OpSemantics] = {
 }
 assert set(OPS) == set(ReduceOp), "every registered op has semantics"
 
-BIT_EXACT_KINDS = frozenset({Collective.BROADCAST, Collective.ALL_GATHER})
-"""Kinds that move data unchanged: every dtype travels as its bit patterns."""
-
 SUM_KINDS = frozenset({Collective.BROADCAST, Collective.ALL_GATHER, Collective.BARRIER})
 """Kinds expressed as a SUM: their op field must be SUM."""
 
