@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import threading
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ import numpy as np
 
 from cco.config import parse_hostport
 from cco.nodes.aggregator import AggregatorConfig, AggregatorMachine
-from cco.nodes.endpoint import CollectiveRequest, EndpointConfig, EndpointMachine
+from cco.nodes.endpoint import CollectiveRequest, EndpointConfig, EndpointMachine, LinkState, SessionState
 from cco.nodes.events import Command, Joined, JoinFailed, OperationCompleted, OperationFailed
 from cco.nodes.rendezvous import FALLBACK_LABEL
 from cco.services.node import NodeService
@@ -41,7 +42,12 @@ from cco.wire.registries import Collective, ReduceOp, Role
 
 T = TypeVar("T")
 
+log = logging.getLogger("cco.client")
+
 DEFAULT_JOIN_TIMEOUT = 30.0
+REDIAL_FIRST, REDIAL_MAX = 1.0, 30.0
+"""Backoff between attempts to reach a lost rendezvous: doubling, capped."""
+_ENDED = (SessionState.REJECTED, SessionState.LEFT, SessionState.CLOSED)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,6 +100,7 @@ class Communicator:
         self._closing = False  # close() has begun (it runs once)
         self._closed = False  # close() is past its barrier: no new collectives
         self._fallback: NodeService | None = None  # the aggregator this endpoint runs, if any
+        self._redial: asyncio.Task[None] | None = None  # dials a lost rendezvous again
 
     @classmethod
     async def join(
@@ -126,6 +133,7 @@ class Communicator:
                 comm._fallback = await _start_fallback(fallback, spec)
             await service.join_rendezvous(host, port, spec.rendezvous_id)
             await asyncio.wait_for(asyncio.shield(comm._joined), timeout)
+            comm._redial = asyncio.ensure_future(comm._stay_attached())
         except TimeoutError:
             await comm._close_services()
             raise CcoError(
@@ -138,7 +146,35 @@ class Communicator:
             raise
         return comm
 
+    async def _stay_attached(self) -> None:
+        """Dial the rendezvous again whenever the session is detached from it (a restart,
+        a network failure), 1 s, 2 s, 4 s ... up to 30 s apart, until the session ends;
+        the session resumes its membership on the new connection (or closes, after
+        ``EndpointConfig.rendezvous_grace``)."""
+        host, port = parse_hostport(self.spec.rendezvous)
+        delay, attempt = REDIAL_FIRST, 0
+        while self._machine.state not in _ENDED:
+            if self._machine.link is not LinkState.DETACHED:
+                await asyncio.sleep(0.2)
+                continue
+            attempt += 1
+            try:
+                peer = f"rendezvous#{attempt}"
+                await self._service.join_rendezvous(host, port, self.spec.rendezvous_id, peer=peer)
+            except (CcoError, OSError, TimeoutError) as exc:
+                log.warning("rendezvous %s unreachable (%s); again in %g s", self.spec.rendezvous, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, REDIAL_MAX)
+                continue
+            log.info("rendezvous %s reached again: resuming the membership", self.spec.rendezvous)
+            delay = REDIAL_FIRST
+            await asyncio.sleep(0.2)
+
     async def _close_services(self) -> None:
+        if self._redial is not None:
+            self._redial.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._redial
         await self._service.close()
         if self._fallback is not None:
             await self._fallback.close()

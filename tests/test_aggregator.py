@@ -248,13 +248,41 @@ def test_silent_rendezvous_is_lost_after_three_intervals() -> None:
     assert sent(rig.feed(PeerConnected("rv2", "rendezvous", Role.RENDEZVOUS)), "rv2", AggregatorRegister)
 
 
-def test_losing_the_rendezvous_ends_every_group() -> None:
+def test_losing_the_rendezvous_keeps_serving_groups() -> None:
+    """The data plane needs no rendezvous: a slot open when it is lost completes."""
     rig, parent = leaf_rig()
     rig.send("ep0", chunk(0))
     out = rig.feed(PeerDisconnected("rv", ErrorCode.PEER_LOST))
+    assert sent(out, "ep0", Abort) == [] and not [c for c in out if isinstance(c, ClosePeer)]
+    assert rig.machine.state is NodeState.DETACHED and rig.machine.group_state(GROUP) is GroupState.ACTIVE
+    out = rig.send("ep1", chunk(1))
+    assert len(sent(out, parent, PartialAggregate)) == 1
+
+
+def test_groups_the_returned_rendezvous_assigns_again_are_kept() -> None:
+    rig, _ = leaf_rig()
+    rig.feed(PeerDisconnected("rv", ErrorCode.PEER_LOST))
+    rig.feed(PeerConnected("rv2", "rendezvous", Role.RENDEZVOUS))
+    rig.feed(MessageReceived("rv2", AggregatorAccept(node_id="agg", heartbeat_interval_ms=600_000)))
+    out = rig.feed(MessageReceived("rv2", assignment({"ep0": [0], "ep1": [1]}, parent=PARENT)))
+    assert not [c for c in out if isinstance(c, ClosePeer | ConnectTo)]  # same tree: a refresh
+    out = rig.timer(rig.machine.config.rendezvous_grace + 1)
+    assert rig.machine.group_state(GROUP) is GroupState.ACTIVE and out == []
+
+
+def test_groups_not_assigned_again_within_the_grace_end() -> None:
+    rig, parent = leaf_rig()
+    rig.feed(PeerDisconnected("rv", ErrorCode.PEER_LOST))
+    grace = rig.machine.config.rendezvous_grace
+    assert rig.machine.next_deadline() == grace
+    rig.timer(grace - 1)
+    assert rig.machine.group_state(GROUP) is GroupState.ACTIVE
+    rig.now = grace - 0.5
+    rig.send("ep0", chunk(0))  # a slot still open when the grace ends
+    out = rig.timer(grace)
     assert [m.code for m in sent(out, "ep0", Abort)] == [ErrorCode.PEER_LOST]
     assert ClosePeer(parent, ErrorCode.NO_ERROR, "the group ended here") in out
-    assert rig.machine.state is NodeState.DETACHED and rig.machine.group_state(GROUP) is GroupState.UNKNOWN
+    assert rig.machine.group_state(GROUP) is GroupState.UNKNOWN
     assert rig.machine.slot_bytes == 0
 
 
@@ -711,8 +739,8 @@ def _group_input(g: GroupRig, event: str) -> list[Input]:
         return [*prepare, TimerFired()]
     if event == agg.SLOT_TIMEOUT:
         return [MessageReceived("ep0", chunk(0, epoch=epoch)), TimerFired()]
-    if event == agg.RENDEZVOUS_LOST:
-        return [PeerDisconnected("rv", ErrorCode.PEER_LOST)]
+    if event == agg.UNCONFIRMED:  # the rendezvous lost, and its grace over
+        return [PeerDisconnected("rv", ErrorCode.PEER_LOST), TimerFired()]
     if event == "EpochChange":
         return [
             MessageReceived(
@@ -750,6 +778,8 @@ def _drive_group(state: GroupState, event: str, root: bool) -> None:
         g.rig.now = max(g.rig.now, deadline if deadline is not None else g.rig.now) + (
             1.0 if event == agg.SLOT_TIMEOUT else 0.0
         )
+        if event == agg.UNCONFIRMED:
+            g.rig.now += g.rig.machine.config.rendezvous_grace
     out = g.rig.feed(inputs[-1])
     after = g.rig.machine.group_state(GROUP)
     assert isinstance(after, GroupState)

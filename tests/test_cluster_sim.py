@@ -793,6 +793,7 @@ FIGURES = {
     "aggregator group": "fig-agg-group",
     "aggregator slot": "fig-agg-slot",
     "endpoint session": "fig-ep-session",
+    "endpoint rendezvous link": "fig-ep-link",
     "endpoint operation": "fig-ep-operation",
 }
 """Each transition table of the data path, and the figure of the draft that shows it."""

@@ -30,6 +30,7 @@ from cco.nodes.endpoint import (
     CollectiveRequest,
     EndpointConfig,
     EndpointMachine,
+    LinkState,
     OperationError,
     OperationState,
     SessionState,
@@ -534,18 +535,104 @@ def test_leave_tells_the_rendezvous_and_fails_what_is_in_flight() -> None:
 
 
 def test_heartbeats_and_rendezvous_loss() -> None:
+    """A silent rendezvous detaches the session; the operation in flight completes."""
     rig = Rig()
     rig.join(GroupParams(chunk_elements=4, window=2, heartbeat_interval_ms=100, operation_timeout_ms=60_000))
     assert sent(rig.timer(0.1), "rv", Heartbeat)
     rig.rendezvous(Heartbeat(seq=7))
-    rig.start(int_request([1]))
-    out: list[Command] = []
-    while rig.machine.state is SessionState.READY:
+    _, out = rig.start(int_request([1]))
+    (mine,) = sent(out, rig.parent, Contribution)
+    while rig.machine.link is LinkState.ATTACHED:
         deadline = rig.machine.next_deadline()
         assert deadline is not None
         out = rig.timer(deadline)
-    assert rig.now == pytest.approx(0.4) and rig.machine.state is SessionState.CLOSED
-    assert [e.code for e in failures(out)] == [ErrorCode.PEER_LOST]
+    assert rig.now == pytest.approx(0.4) and rig.machine.state is SessionState.READY
+    assert (
+        ClosePeer("rv", ErrorCode.PEER_LOST, "no message from the rendezvous for three heartbeat intervals")
+        in out
+    )
+    assert failures(out) == [] and sent(rig.timer(1.0), "rv") == []  # no heartbeats while detached
+    (done,) = [c for c in rig.from_parent(result_for(mine)) if isinstance(c, OperationCompleted)]
+    assert done.result is not None and done.result.tolist() == [0 + 1 + 2 + 3 - RANK + 1]
+
+
+def _detached(grace: float = 5.0) -> Rig:
+    config = EndpointConfig(
+        group_id=GROUP, world_size=WORLD, credential=b"pw", rank=RANK, rendezvous_grace=grace
+    )
+    rig = Rig(machine=EndpointMachine(config))
+    rig.join()
+    rig.feed(PeerDisconnected("rv", ErrorCode.PEER_LOST))
+    assert rig.machine.link is LinkState.DETACHED and rig.machine.state is SessionState.READY
+    return rig
+
+
+def test_a_rendezvous_not_back_within_the_grace_closes_the_session() -> None:
+    rig = _detached(grace=5.0)
+    rig.start(int_request([1]))
+    assert rig.machine.next_deadline() == pytest.approx(5.0)
+    out = rig.timer(5.0)
+    assert rig.machine.state is SessionState.CLOSED
+    (error,) = failures(out)
+    assert error.code is ErrorCode.PEER_LOST and "not back within 5s" in str(error)
+    assert any(isinstance(c, ClosePeer) and c.peer == rig.parent for c in out)
+
+
+def test_a_returning_rendezvous_that_kept_the_group_resumes_the_membership() -> None:
+    rig = _detached()
+    out = rig.feed(PeerConnected("rv2", "rendezvous", Role.RENDEZVOUS))
+    (request,) = sent(out, "rv2", JoinRequest)
+    assert request.rank == RANK and request.group_id == GROUP and rig.machine.link is LinkState.RESUMING
+    _, out = rig.start(int_request([1]))
+    (mine,) = sent(out, rig.parent, Contribution)
+    assert rig.feed(MessageReceived("rv2", accept())) == []
+    assert rig.machine.link is LinkState.ATTACHED and rig.machine.state is SessionState.READY
+    beat = rig.now + PARAMS.heartbeat_interval_ms / 1000
+    assert sent(rig.timer(beat), "rv2", Heartbeat)  # heartbeats on the new connection
+    out = rig.feed(MessageReceived("rv2", tree()))  # the same tree again: a refresh
+    assert not [c for c in out if isinstance(c, ClosePeer | ConnectTo)]
+    assert [type(c) for c in rig.from_parent(result_for(mine))] == [OperationCompleted]
+    assert rig.machine.next_deadline() != pytest.approx(5.0)  # the grace timer is gone
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        (dataclasses.replace(accept(), group_secret=b"\x01" * 32), "without this membership"),
+        (dataclasses.replace(accept(), rank=(RANK + 1) % WORLD), "without this membership"),
+        (dataclasses.replace(accept(), epoch=0), "without this membership"),
+        (JoinReject(group_id=GROUP, code=ErrorCode.GROUP_FULL, detail="full"), "refused to resume"),
+        (Error(code=ErrorCode.UNAUTHORIZED, detail="who?"), "refused to resume"),
+    ],
+)
+def test_a_returning_rendezvous_without_the_membership_closes_the_session(answer: Message, why: str) -> None:
+    rig = _detached()
+    rig.feed(PeerConnected("rv2", "rendezvous", Role.RENDEZVOUS))
+    rig.start(int_request([1]))
+    out = rig.feed(MessageReceived("rv2", answer))
+    assert rig.machine.state is SessionState.CLOSED
+    (error,) = failures(out)
+    assert error.code is ErrorCode.PEER_LOST and why in str(error)
+    assert any(isinstance(c, ClosePeer) and c.peer == "rv2" for c in out)
+
+
+def test_a_resume_into_a_newer_epoch_restarts_what_is_in_flight_in_its_tree() -> None:
+    rig = _detached()
+    rig.feed(PeerConnected("rv2", "rendezvous", Role.RENDEZVOUS))
+    _, out = rig.start(int_request([1]))
+    (old,) = sent(out, rig.parent, Contribution)
+    assert rig.feed(MessageReceived("rv2", dataclasses.replace(accept(), epoch=3))) == []
+    assert rig.machine.state is SessionState.REPLANNING and rig.machine.epoch == 3
+    out = rig.feed(MessageReceived("rv2", tree(epoch=3)))
+    (again,) = sent(out, rig.parent, Contribution)
+    assert (old.epoch, again.epoch) == (1, 3)
+
+
+def test_a_second_rendezvous_connection_while_attached_is_refused() -> None:
+    rig = joined()
+    out = rig.feed(PeerConnected("rv2", "rendezvous", Role.RENDEZVOUS))
+    assert [c.code for c in out if isinstance(c, ClosePeer)] == [ErrorCode.PROTOCOL_VIOLATION]
+    assert rig.machine.link is LinkState.ATTACHED
 
 
 def test_malformed_bytes_from_the_parent_end_that_connection() -> None:
@@ -955,6 +1042,7 @@ def _session_in(state: SessionState) -> Rig:
             rig.machine.leave(rig.now)
         elif state is SessionState.CLOSED:
             rig.feed(PeerDisconnected("rv", ErrorCode.PEER_LOST))
+            rig.timer(rig.now + rig.machine.config.rendezvous_grace)
     assert rig.machine.state is state
     return rig
 
@@ -971,6 +1059,10 @@ def _session_input(rig: Rig, event: str, n: int) -> Input | Callable[[], list[Co
         ep.ERROR_RENDEZVOUS: MessageReceived("rv", Error(code=ErrorCode.INTERNAL_ERROR, detail=str(n))),
         "Heartbeat": MessageReceived("rv", Heartbeat(seq=n)),
         ep.RENDEZVOUS_LOST: PeerDisconnected("rv", ErrorCode.PEER_LOST),
+        ep.RENDEZVOUS_GONE: lambda: [
+            *rig.feed(PeerDisconnected("rv", ErrorCode.PEER_LOST)),
+            *rig.timer(rig.now + rig.machine.config.rendezvous_grace),
+        ],
         ep.LEAVE: lambda: rig.machine.leave(rig.now),
         ep.TREE_DIAL: MessageReceived("rv", tree(epoch=epoch, parent=PARENT2)),
         ep.TREE_CONNECTED: MessageReceived("rv", tree(epoch=epoch, parent=PARENT)),
@@ -1381,7 +1473,7 @@ def test_a_rendezvous_lost_while_joining_fails_the_join_with_the_reason() -> Non
     assert rig.machine.state is SessionState.CLOSED
 
 
-def test_a_silent_rendezvous_is_closed_and_a_joined_session_ends_without_join_failure() -> None:
+def test_a_silent_rendezvous_is_closed_and_a_joined_session_detaches_without_join_failure() -> None:
     rig = Rig()
     rig.join(GroupParams(chunk_elements=4, window=2, heartbeat_interval_ms=100, operation_timeout_ms=1000))
     out = rig.timer(rig.now + 0.31)  # three silent heartbeat intervals
@@ -1390,7 +1482,7 @@ def test_a_silent_rendezvous_is_closed_and_a_joined_session_ends_without_join_fa
         in out
     )
     assert not [c for c in out if isinstance(c, JoinFailed)]
-    assert rig.machine.state is SessionState.CLOSED
+    assert rig.machine.state is SessionState.READY and rig.machine.link is LinkState.DETACHED
 
 
 def test_data_from_a_lost_parent_connection_is_refused() -> None:

@@ -99,6 +99,7 @@ class SlotState(Enum):
 # Event names shared by the tables and the code that classifies inputs.
 RENDEZVOUS_CONNECTED = "rendezvous connected"
 RENDEZVOUS_LOST = "rendezvous lost"
+UNCONFIRMED = "not confirmed in time"
 CHUNK_UP = "chunk from child"
 CHUNK_DOWN = "chunk from parent"
 ASSIGNED_ROOT = "TreeAssignment [root]"
@@ -143,7 +144,12 @@ _ASSIGNED = {**_DIAL, ASSIGNED_CONNECTED: GroupState.ACTIVE}
 GROUP_TABLE: TransitionTable[GroupState] = TransitionTable(
     "aggregator group",
     {
-        GroupState.UNKNOWN: {CHUNK_UP: GroupState.UNKNOWN, **_DIAL, "EpochChange": GroupState.UNKNOWN},
+        GroupState.UNKNOWN: {
+            CHUNK_UP: GroupState.UNKNOWN,
+            **_DIAL,
+            "EpochChange": GroupState.UNKNOWN,
+            UNCONFIRMED: GroupState.UNKNOWN,
+        },
         GroupState.CONNECTING: {
             CHUNK_UP: GroupState.CONNECTING,
             PARENT_CONNECTED: GroupState.ACTIVE,
@@ -152,7 +158,7 @@ GROUP_TABLE: TransitionTable[GroupState] = TransitionTable(
             SLOT_TIMEOUT: GroupState.CONNECTING,
             **_DIAL,
             "EpochChange": GroupState.STALE,
-            RENDEZVOUS_LOST: GroupState.UNKNOWN,
+            UNCONFIRMED: GroupState.UNKNOWN,
         },
         GroupState.ACTIVE: {
             CHUNK_UP: GroupState.ACTIVE,
@@ -161,7 +167,7 @@ GROUP_TABLE: TransitionTable[GroupState] = TransitionTable(
             SLOT_TIMEOUT: GroupState.ACTIVE,
             **_ASSIGNED,
             "EpochChange": GroupState.STALE,
-            RENDEZVOUS_LOST: GroupState.UNKNOWN,
+            UNCONFIRMED: GroupState.UNKNOWN,
         },
         GroupState.STALE: {
             CHUNK_UP: GroupState.STALE,
@@ -170,7 +176,7 @@ GROUP_TABLE: TransitionTable[GroupState] = TransitionTable(
             PARENT_LOST: GroupState.STALE,
             **_ASSIGNED,
             "EpochChange": GroupState.STALE,
-            RENDEZVOUS_LOST: GroupState.UNKNOWN,
+            UNCONFIRMED: GroupState.UNKNOWN,
         },
     },
 )
@@ -212,7 +218,11 @@ class AggregatorConfig:
     bounds the chunks one peer may park before the rendezvous has told this node
     about their group; they are refused after ``pending_timeout`` seconds.
     ``record_limit`` bounds the per-group memory of completed slots kept to
-    recognise late retransmissions.
+    recognise late retransmissions.  ``rendezvous_grace`` is how long the groups
+    it serves outlive the loss of the rendezvous: the data plane needs no
+    rendezvous, so a restarted one (which keeps its state, draft section
+    "Rendezvous Persistence and Restart") finds its trees still working; a group
+    whose TreeAssignment has not come again within the grace ends.
     """
 
     address: Address
@@ -223,6 +233,7 @@ class AggregatorConfig:
     pending_timeout: float = 5.0
     record_limit: int = 1024
     retry_interval: float = 1.0
+    rendezvous_grace: float = 60.0
 
 
 # --- internal records -------------------------------------------------------------
@@ -253,6 +264,7 @@ class _Group:
     parent_node: str | None = None  # whom it reaches: down-traffic is accepted from this node
     parent_up: bool = False
     retry_at: float | None = None
+    confirmed: bool = True  # False from the loss of the rendezvous until its TreeAssignment comes again
     state: GroupState = GroupState.UNKNOWN
     slots: dict[SlotKey, _Slot] = field(default_factory=dict)
     record: OrderedDict[SlotKey, _Slot] = field(default_factory=OrderedDict)
@@ -344,6 +356,7 @@ class AggregatorMachine:
         self._heartbeat_seq = 0
         self._next_heartbeat: float | None = None
         self._last_heard = 0.0
+        self._grace_until: float | None = None  # when groups the rendezvous did not confirm end
         self._peers: dict[PeerId, _Peer] = {}
         self._node_peer: dict[str, PeerId] = {}  # node_id -> its latest connection
         self._groups: dict[bytes, _Group] = {}
@@ -421,6 +434,8 @@ class AggregatorMachine:
             times.append(self._last_heard + 3 * self._heartbeat_interval)
             if self._next_heartbeat is not None:
                 times.append(self._next_heartbeat)
+        if self._grace_until is not None:
+            times.append(self._grace_until)
         for queue in [*self._pending.values(), *self._unconnected.values()]:
             if queue:
                 times.append(queue[0].arrived + self.config.pending_timeout)
@@ -487,7 +502,7 @@ class AggregatorMachine:
 
     def _on_disconnected(self, peer: PeerId, code: ErrorCode, now: float) -> list[Command]:
         if peer == self._rendezvous:
-            return self._lose_rendezvous(None)
+            return self._lose_rendezvous(None, now)
         info = self._peers.pop(peer, None)
         if info is not None and self._node_peer.get(info.node_id) == peer:
             del self._node_peer[info.node_id]
@@ -501,9 +516,11 @@ class AggregatorMachine:
             return []
         return self._group_event(group, PARENT_LOST, now, detail=f"parent connection lost ({code.name})")
 
-    def _lose_rendezvous(self, close: str | None) -> list[Command]:
-        """Without its rendezvous the node is out of every tree (the rendezvous, for its
-        part, has re-planned without it): every group it serves ends here."""
+    def _lose_rendezvous(self, close: str | None, now: float) -> list[Command]:
+        """Without its rendezvous the node keeps serving its groups, for
+        ``rendezvous_grace`` seconds: a rendezvous that restarts keeps its groups and
+        assigns this node its trees again (each TreeAssignment confirms a group);
+        one that re-planned without this node never will."""
         out: list[Command] = []
         if close is not None and self._rendezvous is not None:
             out.append(ClosePeer(self._rendezvous, ErrorCode.PEER_LOST, close))
@@ -511,11 +528,20 @@ class AggregatorMachine:
         self._rendezvous = None
         self._heartbeat_interval = 0.0
         self._next_heartbeat = None
-        for group in list(self._groups.values()):
-            group.state = GROUP_TABLE.next(group.state, RENDEZVOUS_LOST)
-            out += self._abort_all(
-                group, ErrorCode.PEER_LOST, "the aggregator lost its rendezvous", None, 0.0
-            )
+        for group in self._groups.values():
+            group.confirmed = False
+        if self._groups:
+            self._grace_until = now + self.config.rendezvous_grace
+        return out
+
+    def _end_unconfirmed(self) -> list[Command]:
+        """The grace is over: every group the rendezvous did not assign again ends here."""
+        self._grace_until = None
+        out: list[Command] = []
+        for group in [g for g in self._groups.values() if not g.confirmed]:
+            group.state = GROUP_TABLE.next(group.state, UNCONFIRMED)
+            why = "the rendezvous did not assign this group again after it was lost"
+            out += self._abort_all(group, ErrorCode.PEER_LOST, why, None, 0.0)
             out += self._close_parent(group, "the group ended here")
             self._forget_results(group)
             del self._groups[group.group_id]
@@ -574,6 +600,7 @@ class AggregatorMachine:
                     f"epoch {message.epoch} is older than {group.epoch}",
                 )
             ]
+        group.confirmed = True
         parent = message.parent
         if parent is None:
             event = ASSIGNED_ROOT
@@ -1144,11 +1171,13 @@ class AggregatorMachine:
         out: list[Command] = []
         if self._rendezvous is not None and self._heartbeat_interval:
             if now >= self._last_heard + 3 * self._heartbeat_interval:
-                out += self._lose_rendezvous("no message for three heartbeat intervals")
+                out += self._lose_rendezvous("no message for three heartbeat intervals", now)
             elif self._next_heartbeat is not None and now >= self._next_heartbeat:
                 self._heartbeat_seq += 1
                 out.append(SendMessage(self._rendezvous, Heartbeat(seq=self._heartbeat_seq)))
                 self._next_heartbeat = now + self._heartbeat_interval
+        if self._grace_until is not None and now >= self._grace_until:
+            out += self._end_unconfirmed()
         out += self._expire_pending(now)
         for group in list(self._groups.values()):
             if group.retry_at is not None and group.retry_at <= now:

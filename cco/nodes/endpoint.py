@@ -28,7 +28,11 @@ rendezvous names as its parent, and runs collectives over that tree:
   half a timeout overdue is sent again, and an aggregator answers with the Result
   it kept;
 * membership is explicit: when members leave, operations fail naming them until
-  the application accepts the new membership (or at once, with ``elastic``).
+  the application accepts the new membership (or at once, with ``elastic``);
+* the data plane needs no rendezvous: losing it detaches the session (its
+  :class:`LinkState`) instead of ending it, the I/O layer dials again, and the
+  JoinRequest on the new connection resumes the membership if the rendezvous kept
+  the group (draft section "Rendezvous Persistence and Restart").
 
 What an operation holds and how its chunks are encoded and decoded lives in
 :mod:`cco.nodes.operation`: besides the caller's array and the result, a few
@@ -42,6 +46,7 @@ when anyone knows them, the ranks that did not contribute.
 from __future__ import annotations
 
 import dataclasses
+import hmac
 from collections import OrderedDict
 from dataclasses import dataclass
 from enum import Enum
@@ -111,11 +116,21 @@ class SessionState(Enum):
     RECONNECTING = "reconnecting"  # new tree or lost parent; dialling the parent
     REJECTED = "rejected"  # JoinReject (terminal)
     LEFT = "left"  # leave() (terminal)
-    CLOSED = "closed"  # the rendezvous was lost (terminal)
+    CLOSED = "closed"  # the rendezvous is gone for good (terminal)
+
+
+class LinkState(Enum):
+    """The joined session's connection to the rendezvous, beside the session state."""
+
+    ATTACHED = "attached"
+    DETACHED = "detached"  # lost: the I/O layer dials again; collectives go on
+    RESUMING = "resuming"  # connected again, the JoinRequest that resumes sent
 
 
 RENDEZVOUS_CONNECTED = "rendezvous connected"
 RENDEZVOUS_LOST = "rendezvous lost"
+RENDEZVOUS_GONE = "rendezvous gone"  # not back within the grace, or back without this membership
+RESUMED = "JoinAccept [same membership]"
 TREE_CONNECTED = "TreeAssignment [parent up]"
 TREE_DIAL = "TreeAssignment [dial parent]"
 PARENT_CONNECTED = "parent connected"
@@ -138,11 +153,13 @@ _DATA = {
 
 
 def _moves(state: SessionState, specific: dict[str, SessionState]) -> dict[str, SessionState]:
-    """``specific`` plus what every live state allows: heartbeats, reports, loss, leave()."""
+    """``specific`` plus what every live state allows: heartbeats, reports, the loss of
+    the rendezvous (which only detaches a session that has joined), leave()."""
     common = {
         "Heartbeat": state,
         ERROR_RENDEZVOUS: state,
-        RENDEZVOUS_LOST: _S.CLOSED,
+        RENDEZVOUS_LOST: _S.CLOSED if state is _S.JOINING else state,
+        RENDEZVOUS_GONE: _S.CLOSED,
         LEAVE: _S.LEFT,
     }
     return {**common, **specific}
@@ -245,7 +262,17 @@ OPERATION_TABLE: TransitionTable[OperationState] = TransitionTable(
     },
 )
 
-TABLES = (SESSION_TABLE, OPERATION_TABLE)
+_L = LinkState
+LINK_TABLE: TransitionTable[LinkState] = TransitionTable(
+    "endpoint rendezvous link",
+    {
+        _L.ATTACHED: {RENDEZVOUS_LOST: _L.DETACHED},
+        _L.DETACHED: {RENDEZVOUS_CONNECTED: _L.RESUMING, RENDEZVOUS_LOST: _L.DETACHED},
+        _L.RESUMING: {RESUMED: _L.ATTACHED, RENDEZVOUS_LOST: _L.DETACHED},
+    },
+)
+
+TABLES = (SESSION_TABLE, LINK_TABLE, OPERATION_TABLE)
 
 
 def diagrams() -> str:
@@ -254,6 +281,7 @@ def diagrams() -> str:
 
 
 _FINISHED = (OperationState.COMPLETED, OperationState.FAILED)
+_TERMINAL = (SessionState.REJECTED, SessionState.LEFT, SessionState.CLOSED)
 _HELD_BACK = (OperationState.QUEUED, OperationState.SENDING)
 
 
@@ -276,6 +304,12 @@ class EndpointConfig:
     accepted at the epoch change itself: the operations in flight still fail (that
     failure is how the application learns the new members), later ones run over the
     survivors, and AVG divides by their number.
+
+    ``rendezvous_grace`` is how long a joined session outlives the loss of the
+    rendezvous: collectives go on over the current tree meanwhile, and a rendezvous
+    back within it that kept the group resumes the membership; after it, or when
+    the rendezvous answers the resuming JoinRequest with another membership, the
+    session closes and everything in flight fails with PEER_LOST.
     """
 
     group_id: bytes
@@ -286,6 +320,7 @@ class EndpointConfig:
     early_limit: int = 1 << 16
     retry_interval: float = 1.0
     elastic: bool = False
+    rendezvous_grace: float = 60.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -367,6 +402,8 @@ class EndpointMachine:
     def __init__(self, config: EndpointConfig) -> None:
         self.config = config
         self._state = SessionState.IDLE
+        self._link = LinkState.ATTACHED
+        self._detached_at: float | None = None
         self._rendezvous: PeerId | None = None
         self._parent: PeerId | None = None
         self._parent_node: str | None = None
@@ -385,6 +422,7 @@ class EndpointMachine:
         self._no_tree: str | None = None  # why no tree can be had (NO_AGGREGATOR), until one is assigned
         self._params: GroupParams | None = None
         self._keys: payload.GroupKeys | None = None
+        self._secret = b""  # to recognise the same group when resuming
         self._assignment: TreeAssignment | None = None
         self._joined = False
         self._heartbeat_seq = 0
@@ -401,6 +439,11 @@ class EndpointMachine:
     @property
     def state(self) -> SessionState:
         return self._state
+
+    @property
+    def link(self) -> LinkState:
+        """The connection to the rendezvous; DETACHED asks the I/O layer to dial again."""
+        return self._link
 
     @property
     def rank(self) -> int | None:
@@ -579,6 +622,7 @@ class EndpointMachine:
         out += self._drop_parent("left the group")
         self._rendezvous = None
         self._next_heartbeat = None
+        self._detached_at = None
         return out
 
     # --- driving --------------------------------------------------------------
@@ -593,6 +637,8 @@ class EndpointMachine:
             times.append(self._last_heard + 3 * self._heartbeat_interval)
         if self._retry_at is not None:
             times.append(self._retry_at)
+        if self._detached_at is not None:
+            times.append(self._detached_at + self.config.rendezvous_grace)
         return min(times, default=None)
 
     def handle(self, event: Input, now: float) -> list[Command]:
@@ -629,19 +675,14 @@ class EndpointMachine:
         return True
 
     def _on_connected(self, event: PeerConnected, now: float) -> list[Command]:
+        if event.role is Role.RENDEZVOUS and self._rank is not None:
+            return self._resume(event, now)
         if event.role is Role.RENDEZVOUS:
             if not self._session_event(RENDEZVOUS_CONNECTED):
                 return [ClosePeer(event.peer, ErrorCode.PROTOCOL_VIOLATION, f"session is {self._state.name}")]
             self._rendezvous = event.peer
             self._last_heard = now
-            request = JoinRequest(
-                group_id=self.config.group_id,
-                world_size=self.config.world_size,
-                credential=self.config.credential,
-                rank=self.config.rank,
-                labels=self.config.labels,
-            )
-            return [SendMessage(event.peer, request)]
+            return [SendMessage(event.peer, self._join_request(self.config.rank))]
         if (
             event.peer == self._parent
             and event.role is Role.AGGREGATOR
@@ -660,10 +701,19 @@ class EndpointMachine:
             return out + self._pump(now)
         return [ClosePeer(event.peer, ErrorCode.UNAUTHORIZED, "this session did not ask for this connection")]
 
+    def _join_request(self, rank: int | None) -> JoinRequest:
+        return JoinRequest(
+            group_id=self.config.group_id,
+            world_size=self.config.world_size,
+            credential=self.config.credential,
+            rank=rank,
+            labels=self.config.labels,
+        )
+
     def _on_disconnected(self, event: PeerDisconnected, now: float) -> list[Command]:
         if event.peer == self._rendezvous:
             self._rendezvous = None
-            return self._lose_rendezvous(f"rendezvous connection closed ({event.code.name})")
+            return self._lose_rendezvous(f"rendezvous connection closed ({event.code.name})", now)
         if event.peer != self._parent or not self._session_event(PARENT_LOST):
             return []
         self._parent_up = False
@@ -672,20 +722,78 @@ class EndpointMachine:
         self._interrupt_all(f"connection to parent {self._parent_node} lost ({event.code.name})")
         return []
 
-    def _lose_rendezvous(self, why: str) -> list[Command]:
+    def _lose_rendezvous(self, why: str, now: float) -> list[Command]:
+        """Before the JoinAccept the join fails; after it the session detaches and the
+        collectives go on over the current tree (see ``rendezvous_grace``)."""
         joining = self._state in (SessionState.IDLE, SessionState.JOINING)
         if not self._session_event(RENDEZVOUS_LOST):
             return []
         out: list[Command] = []
-        if joining:
-            out.append(JoinFailed(self.config.group_id, ErrorCode.PEER_LOST, why))
         if self._rendezvous is not None:
             out.append(ClosePeer(self._rendezvous, ErrorCode.PEER_LOST, why))
             self._rendezvous = None
-        out += self._fail_all(ErrorCode.PEER_LOST, why, None)
-        out += self._drop_parent(why)
         self._next_heartbeat = None
+        if joining:
+            out.append(JoinFailed(self.config.group_id, ErrorCode.PEER_LOST, why))
+            return out + self._fail_all(ErrorCode.PEER_LOST, why, None) + self._drop_parent(why)
+        self._link = LINK_TABLE.next(self._link, RENDEZVOUS_LOST)
+        if self._detached_at is None:
+            self._detached_at = now
         return out
+
+    def _resume(self, event: PeerConnected, now: float) -> list[Command]:
+        """A new rendezvous connection of a joined session: ask for the same rank."""
+        if not LINK_TABLE.allows(self._link, RENDEZVOUS_CONNECTED) or self._state in _TERMINAL:
+            why = f"the rendezvous link is {self._link.name} in session state {self._state.name}"
+            return [ClosePeer(event.peer, ErrorCode.PROTOCOL_VIOLATION, why)]
+        self._link = LINK_TABLE.next(self._link, RENDEZVOUS_CONNECTED)
+        self._rendezvous = event.peer
+        self._last_heard = now
+        return [SendMessage(event.peer, self._join_request(self._rank))]
+
+    def _on_resume_answer(self, message: JoinAccept | JoinReject | Error, now: float) -> list[Command]:
+        """The rendezvous's answer to the resuming JoinRequest: the same rank, group
+        secret and world size in an epoch not older than ours resume the membership
+        (a newer epoch is a re-planned tree: what is in flight starts again in the
+        tree that follows); anything else means the rendezvous no longer has it."""
+        assert self._rendezvous is not None and self._params is not None
+        if isinstance(message, JoinAccept):
+            same = (
+                message.rank == self._rank
+                and message.world_size == self._world_size
+                and hmac.compare_digest(message.group_secret, self._secret)
+                and message.epoch >= self._epoch
+            )
+            if same:
+                self._link = LINK_TABLE.next(self._link, RESUMED)
+                self._detached_at = None
+                self._next_heartbeat = now + self._heartbeat_interval
+                if message.epoch > self._epoch and self._session_event("EpochChange"):
+                    # the group moved on while this rank was away: its tree follows
+                    self._epoch = message.epoch
+                    self._interrupt_all(
+                        f"the tree changed while the rendezvous was away (epoch {message.epoch})"
+                    )
+                return []
+            why = (
+                f"the rendezvous came back without this membership (rank {message.rank}, epoch "
+                f"{message.epoch}, another group secret or world size)"
+            )
+        else:
+            why = f"the rendezvous refused to resume this membership: {message.detail}"
+        return self._gone(why)
+
+    def _gone(self, why: str) -> list[Command]:
+        """The rendezvous will not have this membership again: the session closes."""
+        self._detached_at = None
+        if not self._session_event(RENDEZVOUS_GONE):
+            return []
+        out: list[Command] = []
+        if self._rendezvous is not None:
+            out.append(ClosePeer(self._rendezvous, ErrorCode.PEER_LOST, why))
+            self._rendezvous = None
+        self._next_heartbeat = None
+        return out + self._fail_all(ErrorCode.PEER_LOST, why, None) + self._drop_parent(why)
 
     def _drop_parent(self, why: str) -> list[Command]:
         peer, self._parent = self._parent, None
@@ -696,6 +804,8 @@ class EndpointMachine:
 
     def _on_rendezvous(self, message: Message, now: float) -> list[Command]:
         assert self._rendezvous is not None
+        if self._link is LinkState.RESUMING and isinstance(message, JoinAccept | JoinReject | Error):
+            return self._on_resume_answer(message, now)
         name = ERROR_RENDEZVOUS if isinstance(message, Error) else type(message).__name__
         if isinstance(message, TreeAssignment):
             name = self._classify_tree(message)
@@ -752,6 +862,7 @@ class EndpointMachine:
         self._accepted = self._members
         self._params = message.params
         self._keys = payload.derive_group_keys(message.group_secret, message.group_id)
+        self._secret = message.group_secret
         self._next_heartbeat = now + self._heartbeat_interval
         return []
 
@@ -1216,11 +1327,15 @@ class EndpointMachine:
         out: list[Command] = []
         if self._rendezvous is not None and self._next_heartbeat is not None and self._params is not None:
             if now >= self._last_heard + 3 * self._heartbeat_interval:
-                out += self._lose_rendezvous("no message from the rendezvous for three heartbeat intervals")
+                out += self._lose_rendezvous(
+                    "no message from the rendezvous for three heartbeat intervals", now
+                )
             elif now >= self._next_heartbeat:
                 self._heartbeat_seq += 1
                 out.append(SendMessage(self._rendezvous, Heartbeat(seq=self._heartbeat_seq)))
                 self._next_heartbeat = now + self._heartbeat_interval
+        if self._detached_at is not None and now >= self._detached_at + self.config.rendezvous_grace:
+            out += self._gone(f"the rendezvous was not back within {self.config.rendezvous_grace:g}s")
         if self._retry_at is not None and now >= self._retry_at:
             self._retry_at = None
             if self._assignment is not None and self._parent_node is not None and not self._parent_up:
