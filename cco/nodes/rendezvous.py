@@ -81,7 +81,7 @@ from cco.nodes.events import (
 )
 from cco.nodes.fsm import TransitionTable
 from cco.nodes.replies import clip
-from cco.nodes.tree import AggregatorInfo, MemberInfo, TreePlan, plan_tree
+from cco.nodes.tree import AggregatorInfo, AggregatorPlacement, MemberInfo, TreePlan, plan_tree
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import bitmap_from_ranks
 from cco.wire.messages import (
@@ -125,6 +125,17 @@ on), not the whole operation, so that the largest collective on the slowest link
 (64 MiB of float32 over 40 Mbit/s at MTU 1500: measured 73 to 127 s here) completes,
 while a stalled one fails within 30 s naming the missing ranks."""
 DEFAULT_FAN_IN = 16
+RESUME_GRACE_INTERVALS = 4 * LOSS_INTERVALS
+"""Default grace period after a restart, in heartbeat intervals (12 s at the default
+1 s).  A peer notices a silent rendezvous after :data:`LOSS_INTERVALS` intervals and
+dials again at once; a dial that began while the rendezvous was still down completes
+when QUIC retransmits its Initial to the new process (within about 3 s here).  A
+rendezvous restarted by a service manager within a few seconds therefore sees its
+peers back about 3 intervals plus a few seconds after the restart; four times the
+loss time leaves room for a loaded machine and for one backoff step (1 s, then 2 s)
+while still declaring a member that really died during the outage lost within a
+fraction of the default operation timeout (30 s).  Longer outages put peers into
+longer backoff (up to 30 s); raise the grace for them (``--resume-grace-ms``)."""
 FALLBACK_LABEL = "cco:fallback"
 """The label an aggregator run by an end host registers with: planned only when the
 dedicated aggregators cannot hold a group, and replaced as soon as they can."""
@@ -151,18 +162,33 @@ class GroupConfig:
 
 @dataclass(frozen=True, slots=True)
 class RendezvousConfig:
-    """``params.heartbeat_interval_ms`` is also the rendezvous's own heartbeat interval."""
+    """``params.heartbeat_interval_ms`` is also the rendezvous's own heartbeat interval.
+
+    ``resume_grace_ms`` is how long a restored machine (:meth:`RendezvousMachine.restored`)
+    waits for its away members and aggregators to come back; None means
+    :data:`RESUME_GRACE_INTERVALS` heartbeat intervals (see there for why).
+    """
 
     groups: Mapping[bytes, GroupConfig] = field(default_factory=dict)
     create_groups_on_join: bool = False
     params: GroupParams = DEFAULT_PARAMS
     max_fan_in: int = DEFAULT_FAN_IN
+    resume_grace_ms: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_fan_in < 2:
             raise ValueError("a fan-in bound must be at least 2")
         if any(len(group_id) != GROUP_ID_SIZE for group_id in self.groups):
             raise ValueError(f"group ids are {GROUP_ID_SIZE} bytes")
+        if self.resume_grace_ms is not None and self.resume_grace_ms < 0:
+            raise ValueError("resume_grace_ms must not be negative")
+
+    @property
+    def resume_grace(self) -> float:
+        """The grace period after a restart, in seconds."""
+        if self.resume_grace_ms is not None:
+            return self.resume_grace_ms / 1000.0
+        return RESUME_GRACE_INTERVALS * self.params.heartbeat_interval_ms / 1000.0
 
 
 # --- states and transitions --------------------------------------------------------
@@ -322,10 +348,13 @@ class Needs:
 
 @dataclass(frozen=True, slots=True)
 class MemberStatus:
+    """``connected`` is False for a member restored from a store that has not joined again."""
+
     rank: int
     node_id: str
     state: MemberState
     labels: tuple[str, ...]
+    connected: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,6 +377,7 @@ class AggregatorStatus:
     max_fan_in: int
     labels: tuple[str, ...]
     groups: tuple[bytes, ...]
+    connected: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,6 +385,60 @@ class RendezvousStatus:
     groups: tuple[GroupStatus, ...]
     aggregators: tuple[AggregatorStatus, ...]
     peers: int
+    grace_ends: float | None = None
+
+
+# --- durable state -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DurableMember:
+    """A member as a restart must find it.  ``epoch`` is the last epoch this member
+    was told of (in JoinAccept or EpochChange): a member that was away while the
+    group moved on is told the rest when it comes back."""
+
+    rank: int
+    node_id: str
+    labels: tuple[str, ...]
+    capabilities: Capabilities | None
+    state: MemberState
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class DurableGroup:
+    """A group as a restart must find it; ``change_code`` is the code of the
+    EpochChange that opened the current epoch (NO_ERROR for the first)."""
+
+    group_id: bytes
+    world_size: int
+    credential: bytes
+    secret: bytes
+    epoch: int
+    params: GroupParams
+    max_fan_in: int
+    state: GroupState
+    change_code: ErrorCode
+    members: tuple[DurableMember, ...]
+    plan: TreePlan | None
+
+
+@dataclass(frozen=True, slots=True)
+class DurableAggregator:
+    """An aggregator registration with the capabilities its connection declared."""
+
+    info: AggregatorInfo
+    capabilities: Capabilities | None
+
+
+@dataclass(frozen=True, slots=True)
+class DurableState:
+    """Everything a rendezvous must keep across a restart (draft section "Rendezvous
+    Persistence and Restart"): groups with members, epochs, secrets and trees, and
+    aggregator registrations.  Connections, heartbeats and timers are not in it."""
+
+    groups: tuple[DurableGroup, ...] = ()
+    aggregators: tuple[DurableAggregator, ...] = ()
 
 
 # --- records -----------------------------------------------------------------------
@@ -375,12 +459,15 @@ class _Peer:
 
 @dataclass(slots=True)
 class _Member:
+    """``peer`` is None while the member is away (restored, not joined again)."""
+
     rank: int
     node_id: str
-    peer: PeerId
+    peer: PeerId | None
     labels: tuple[str, ...]
     capabilities: Capabilities | None = None
     state: MemberState = MemberState.JOINED
+    epoch: int = 0
 
 
 @dataclass(slots=True)
@@ -395,6 +482,7 @@ class _Group:
     state: GroupState = GroupState.FORMING
     members: dict[int, _Member] = field(default_factory=dict)
     plan: TreePlan | None = None
+    change_code: ErrorCode = ErrorCode.NO_ERROR
 
     def members_bitmap(self) -> bytes:
         return bitmap_from_ranks(set(self.members))
@@ -434,15 +522,45 @@ class RendezvousMachine:
         self._peers: dict[PeerId, _Peer] = {}
         self._node_peers: dict[str, PeerId] = {}
         self._aggregators: dict[str, AggregatorInfo] = {}
+        self._aggregator_capabilities: dict[str, Capabilities | None] = {}
+        self._away_aggregators: set[str] = set()
+        self._grace_ends: float | None = None
+        self._version = 0
         self._groups: dict[bytes, _Group] = {}
         for group_id, cfg in sorted(self.config.groups.items()):
             self._groups[group_id] = self._new_group(group_id, cfg.world_size, cfg.credential, epoch=1)
+
+    @classmethod
+    def restored(
+        cls,
+        state: DurableState,
+        now: float,
+        config: RendezvousConfig | None = None,
+        *,
+        random_bytes: Callable[[int], bytes] = os.urandom,
+    ) -> RendezvousMachine:
+        """A machine that carries on from ``state`` (what :meth:`durable_state` returned
+        before a restart) at time ``now``.
+
+        Groups come back as they were, but every member and every aggregator is away
+        until it joins or registers again; the grace period
+        (``config.resume_grace``) starts at ``now``.  A group of ``config`` that is in
+        ``state`` comes back as stored (its epoch and secret are what the members
+        hold).  Raises ValueError for a state no machine could have exported.
+        """
+        machine = cls(config, random_bytes=random_bytes)
+        machine._load(state)
+        if any(g.members for g in state.groups) or state.aggregators:
+            machine._grace_ends = now + machine.config.resume_grace
+        return machine
 
     # --- driving interface ------------------------------------------------------
 
     def handle(self, event: Input, now: float) -> list[Command]:
         """Process one input at time ``now`` (seconds); returns what to send or close."""
         out: list[Command] = []
+        if self._grace_ends is not None and now >= self._grace_ends:
+            self._end_grace(out)
         if isinstance(event, PeerConnected):
             self._connected(event, now, out)
         elif isinstance(event, TimerFired):
@@ -468,9 +586,46 @@ class RendezvousMachine:
         return out
 
     def next_deadline(self) -> float | None:
-        """The earliest heartbeat to send or loss to declare; None with no peers."""
+        """The earliest heartbeat to send, loss to declare or end of the grace period
+        after a restart; None when there is none of them."""
         times = [min(p.next_heartbeat, p.last_heard + self._loss_after(p)) for p in self._peers.values()]
+        if self._grace_ends is not None:
+            times.append(self._grace_ends)
         return min(times, default=None)
+
+    @property
+    def durable_version(self) -> int:
+        """A counter that moves whenever :meth:`durable_state` would return something
+        new (never on heartbeats): the service saves the state when it moved, before
+        it carries out the commands that announce the change."""
+        return self._version
+
+    def durable_state(self) -> DurableState:
+        """What a restart must find (see :class:`DurableState`)."""
+        groups = tuple(
+            DurableGroup(
+                group_id=g.group_id,
+                world_size=g.world_size,
+                credential=g.credential,
+                secret=g.secret,
+                epoch=g.epoch,
+                params=g.params,
+                max_fan_in=g.max_fan_in,
+                state=g.state,
+                change_code=g.change_code,
+                members=tuple(
+                    DurableMember(m.rank, m.node_id, m.labels, m.capabilities, m.state, m.epoch)
+                    for _, m in sorted(g.members.items())
+                ),
+                plan=g.plan,
+            )
+            for _, g in sorted(self._groups.items())
+        )
+        aggregators = tuple(
+            DurableAggregator(info, self._aggregator_capabilities.get(node_id))
+            for node_id, info in sorted(self._aggregators.items())
+        )
+        return DurableState(groups=groups, aggregators=aggregators)
 
     def status(self) -> RendezvousStatus:
         """A frozen snapshot of groups, members, aggregators and epochs."""
@@ -483,7 +638,13 @@ class RendezvousMachine:
                 max_fan_in=g.max_fan_in,
                 params=g.current_params(),
                 members=tuple(
-                    MemberStatus(rank=m.rank, node_id=m.node_id, state=m.state, labels=m.labels)
+                    MemberStatus(
+                        rank=m.rank,
+                        node_id=m.node_id,
+                        state=m.state,
+                        labels=m.labels,
+                        connected=m.peer is not None,
+                    )
                     for _, m in sorted(g.members.items())
                 ),
                 tree=g.plan,
@@ -498,10 +659,78 @@ class RendezvousMachine:
                 max_fan_in=a.max_fan_in,
                 labels=a.labels,
                 groups=tuple(g.group_id for g in groups if g.tree and a.node_id in g.tree.aggregator_ids),
+                connected=a.node_id not in self._away_aggregators,
             )
             for _, a in sorted(self._aggregators.items())
         )
-        return RendezvousStatus(groups=groups, aggregators=aggregators, peers=len(self._peers))
+        return RendezvousStatus(
+            groups=groups, aggregators=aggregators, peers=len(self._peers), grace_ends=self._grace_ends
+        )
+
+    # --- restart ----------------------------------------------------------------
+
+    def _load(self, state: DurableState) -> None:
+        for stored in state.aggregators:
+            node_id = stored.info.node_id
+            if node_id in self._aggregators:
+                raise ValueError(f"aggregator {node_id} is registered twice")
+            self._aggregators[node_id] = stored.info
+            self._aggregator_capabilities[node_id] = stored.capabilities
+            self._away_aggregators.add(node_id)
+        seen: set[bytes] = set()
+        for g in state.groups:
+            if len(g.group_id) != GROUP_ID_SIZE or g.group_id in seen:
+                raise ValueError(f"group id {g.group_id.hex()} is not {GROUP_ID_SIZE} bytes or not unique")
+            seen.add(g.group_id)
+            if g.state is GroupState.PLANNING or len(g.secret) != GROUP_SECRET_SIZE:
+                raise ValueError(
+                    f"group {g.group_id.hex()}: state {g.state.name} or its secret is not restorable"
+                )
+            ranks = [m.rank for m in g.members]
+            if len(set(ranks)) != len(ranks) or any(not 0 <= r < g.world_size for r in ranks):
+                raise ValueError(
+                    f"group {g.group_id.hex()}: member ranks {ranks} for world_size {g.world_size}"
+                )
+            if g.plan is not None and not g.plan.aggregator_ids <= set(self._aggregators):
+                raise ValueError(f"group {g.group_id.hex()}: its tree names an aggregator not registered")
+            self._groups[g.group_id] = _Group(
+                group_id=g.group_id,
+                world_size=g.world_size,
+                credential=g.credential,
+                params=g.params,
+                max_fan_in=g.max_fan_in,
+                secret=g.secret,
+                epoch=g.epoch,
+                state=g.state,
+                members={
+                    m.rank: _Member(m.rank, m.node_id, None, m.labels, m.capabilities, m.state, m.epoch)
+                    for m in g.members
+                },
+                plan=g.plan,
+                change_code=g.change_code,
+            )
+
+    def _end_grace(self, out: list[Command]) -> None:
+        """The grace period after a restart is over: whoever is still away is lost,
+        as if its connection had ended now (aggregators first, so that members are
+        re-planned onto aggregators that are really there)."""
+        self._grace_ends = None
+        lost_aggregators = sorted(self._away_aggregators)
+        self._away_aggregators.clear()
+        for node_id in lost_aggregators:
+            del self._aggregators[node_id]
+            del self._aggregator_capabilities[node_id]
+        for node_id in lost_aggregators:
+            self._aggregators_changed(out, lost=node_id)
+        for _, group in sorted(self._groups.items()):
+            away = [rank for rank, m in sorted(group.members.items()) if m.peer is None]
+            if away:
+                self._remove_members(group, away, "lost", ErrorCode.PEER_LOST, out)
+        self._retry_waiting(out)
+        self._changed()
+
+    def _changed(self) -> None:
+        self._version += 1
 
     # --- connections and liveness -----------------------------------------------
 
@@ -556,7 +785,10 @@ class RendezvousMachine:
             group = self._groups[group_id]
             (rank,) = [r for r, m in group.members.items() if m.peer == peer.peer]
             self._remove_member(group, rank, "lost", code, out)
-        if self._aggregators.pop(peer.node_id, None) is not None:
+        if peer.node_id not in self._away_aggregators and peer.node_id in self._aggregators:
+            del self._aggregators[peer.node_id]
+            del self._aggregator_capabilities[peer.node_id]
+            self._changed()
             self._aggregators_changed(out, lost=peer.node_id)
         else:
             self._retry_waiting(out)
@@ -579,21 +811,47 @@ class RendezvousMachine:
         peer.state = next_state
 
     def _register(self, peer: _Peer, message: AggregatorRegister, out: list[Command]) -> None:
-        self._aggregators[peer.node_id] = AggregatorInfo(
-            node_id=peer.node_id,
+        node_id = peer.node_id
+        info = AggregatorInfo(
+            node_id=node_id,
             address=message.address,
             capacity=message.capacity,
             max_fan_in=message.max_fan_in,
             labels=message.labels,
         )
         accept = AggregatorAccept(
-            node_id=peer.node_id, heartbeat_interval_ms=self.config.params.heartbeat_interval_ms
+            node_id=node_id, heartbeat_interval_ms=self.config.params.heartbeat_interval_ms
         )
+        if node_id in self._away_aggregators:
+            self._away_aggregators.discard(node_id)
+            if (
+                info == self._aggregators[node_id]
+                and peer.capabilities == self._aggregator_capabilities[node_id]
+            ):
+                # a restored registration is back: its trees are what it had
+                out.append(SendMessage(peer.peer, accept))
+                for _, group in sorted(self._groups.items()):
+                    if group.plan is not None and node_id in group.plan.aggregator_ids:
+                        placement = group.plan.placement(node_id)
+                        out.append(SendMessage(peer.peer, self._aggregator_assignment(group, placement)))
+                return
+            # registered differently (another address, capacity...): the old one is lost
+            del self._aggregators[node_id]
+            del self._aggregator_capabilities[node_id]
+            self._aggregators_changed(out, lost=node_id)
+        self._aggregators[node_id] = info
+        self._aggregator_capabilities[node_id] = peer.capabilities
+        self._changed()
         out.append(SendMessage(peer.peer, accept))
         self._aggregators_changed(out, lost=None)
 
     def _join(self, peer: _Peer, request: JoinRequest, out: list[Command]) -> None:
         group = self._groups.get(request.group_id)
+        if group is not None:
+            away = [m for m in group.members.values() if m.node_id == peer.node_id and m.peer is None]
+            if away:
+                self._resume(group, away[0], peer, request, out)
+                return
         try:
             if group is None:
                 if not self.config.create_groups_on_join:
@@ -601,6 +859,7 @@ class RendezvousMachine:
                 group = self._new_group(request.group_id, request.world_size, request.credential, epoch=1)
             elif group.state is GroupState.CLOSED and request.group_id not in self.config.groups:
                 group.world_size, group.credential = request.world_size, request.credential
+                self._changed()
             self._check_join(group, peer, request)
         except CcoError as exc:
             out.append(
@@ -614,10 +873,13 @@ class RendezvousMachine:
             group.state = _move(GROUP_TABLE, group.state, "reopen")
             group.epoch += 1
             group.secret = self._secret()
+            group.change_code = ErrorCode.NO_ERROR
         free = [r for r in range(group.world_size) if r not in group.members]
         rank = request.rank if request.rank is not None else free[0]
-        group.members[rank] = _Member(rank, peer.node_id, peer.peer, request.labels, peer.capabilities)
+        member = _Member(rank, peer.node_id, peer.peer, request.labels, peer.capabilities, epoch=group.epoch)
+        group.members[rank] = member
         peer.groups.add(group.group_id)
+        self._changed()
         accept = JoinAccept(
             group_id=group.group_id,
             rank=rank,
@@ -630,7 +892,54 @@ class RendezvousMachine:
         self._membership_changed(group, "join", ErrorCode.NO_ERROR, out)
         self._retry_waiting(out)
 
-    def _check_join(self, group: _Group, peer: _Peer, request: JoinRequest) -> None:
+    def _resume(
+        self, group: _Group, member: _Member, peer: _Peer, request: JoinRequest, out: list[Command]
+    ) -> None:
+        """An away member of a restored group joins again: it gets its own rank, the
+        epoch it was last told of, the same secret and parameters; and only if the
+        group moved on while it was away, the EpochChange and TreeAssignment it missed."""
+        try:
+            self._check_credentials(group, request)
+            if request.rank is not None and request.rank != member.rank:
+                raise CcoError(
+                    ErrorCode.RANK_UNAVAILABLE, f"{peer.node_id} is rank {member.rank}, not {request.rank}"
+                )
+            self._check_message_size(group, peer)
+        except CcoError as exc:
+            out.append(
+                SendMessage(peer.peer, JoinReject(group_id=group.group_id, code=exc.code, detail=exc.detail))
+            )
+            return
+        if member.capabilities != peer.capabilities:
+            member.capabilities = peer.capabilities
+            self._changed()
+        member.peer = peer.peer
+        peer.groups.add(group.group_id)
+        accept = JoinAccept(
+            group_id=group.group_id,
+            rank=member.rank,
+            world_size=group.world_size,
+            epoch=member.epoch,
+            group_secret=group.secret,
+            params=group.current_params(),
+        )
+        out.append(SendMessage(peer.peer, accept))
+        if member.epoch != group.epoch:
+            change = EpochChange(
+                group_id=group.group_id,
+                epoch=group.epoch,
+                members=group.members_bitmap(),
+                code=group.change_code,
+            )
+            out.append(SendMessage(peer.peer, change))
+            member.epoch = group.epoch
+            self._changed()
+        if group.plan is not None and member.state is MemberState.JOINED:
+            out.append(SendMessage(peer.peer, self._endpoint_assignment(group, member.rank)))
+            member.state = _move(MEMBER_TABLE, member.state, "assigned")
+            self._changed()
+
+    def _check_credentials(self, group: _Group, request: JoinRequest) -> None:
         if not hmac.compare_digest(group.credential, request.credential):
             raise CcoError(ErrorCode.BAD_CREDENTIAL, "credential does not match the group's")
         if request.world_size != group.world_size:
@@ -638,12 +947,8 @@ class RendezvousMachine:
                 ErrorCode.WORLD_SIZE_MISMATCH,
                 f"group has world_size {group.world_size}, not {request.world_size}",
             )
-        if group.group_id in peer.groups:
-            raise CcoError(ErrorCode.PROTOCOL_VIOLATION, f"{peer.node_id} is already a member")
-        if len(group.members) >= group.world_size:
-            raise CcoError(ErrorCode.GROUP_FULL, f"all {group.world_size} ranks are taken")
-        if request.rank is not None and (request.rank in group.members or request.rank >= group.world_size):
-            raise CcoError(ErrorCode.RANK_UNAVAILABLE, f"rank {request.rank} is taken")
+
+    def _check_message_size(self, group: _Group, peer: _Peer) -> None:
         if chunk_elements_limit(peer.capabilities, group.world_size, group.params.block_elements) < 1:
             assert peer.capabilities is not None
             raise CcoError(
@@ -651,6 +956,16 @@ class RendezvousMachine:
                 f"a chunk message for world_size {group.world_size} exceeds max_message_size "
                 f"{peer.capabilities.max_message_size}",
             )
+
+    def _check_join(self, group: _Group, peer: _Peer, request: JoinRequest) -> None:
+        self._check_credentials(group, request)
+        if group.group_id in peer.groups:
+            raise CcoError(ErrorCode.PROTOCOL_VIOLATION, f"{peer.node_id} is already a member")
+        if len(group.members) >= group.world_size:
+            raise CcoError(ErrorCode.GROUP_FULL, f"all {group.world_size} ranks are taken")
+        if request.rank is not None and (request.rank in group.members or request.rank >= group.world_size):
+            raise CcoError(ErrorCode.RANK_UNAVAILABLE, f"rank {request.rank} is taken")
+        self._check_message_size(group, peer)
 
     def _leave(self, peer: _Peer, message: Leave, out: list[Command]) -> None:
         group = self._groups.get(message.group_id)
@@ -685,11 +1000,19 @@ class RendezvousMachine:
     def _remove_member(
         self, group: _Group, rank: int, event: str, code: ErrorCode, out: list[Command]
     ) -> None:
-        member = group.members.pop(rank)
-        member.state = _move(MEMBER_TABLE, member.state, event)
-        peer = self._peers.get(member.peer)
-        if peer is not None:
-            peer.groups.discard(group.group_id)
+        self._remove_members(group, [rank], event, code, out)
+
+    def _remove_members(
+        self, group: _Group, ranks: list[int], event: str, code: ErrorCode, out: list[Command]
+    ) -> None:
+        """Members gone at once: one membership change (one epoch) for all of them."""
+        for rank in ranks:
+            member = group.members.pop(rank)
+            member.state = _move(MEMBER_TABLE, member.state, event)
+            peer = self._peers.get(member.peer) if member.peer is not None else None
+            if peer is not None:
+                peer.groups.discard(group.group_id)
+        self._changed()
         self._membership_changed(group, event, code, out)
 
     def _membership_changed(self, group: _Group, event: str, code: ErrorCode, out: list[Command]) -> None:
@@ -710,20 +1033,31 @@ class RendezvousMachine:
         self._plan(group, out)
 
     def _end_epoch(self, group: _Group, code: ErrorCode, out: list[Command]) -> None:
-        """Advance the epoch and tell the members and the old tree's aggregators."""
+        """Advance the epoch and tell the members and the old tree's aggregators
+        (those connected: an away member hears of it when it joins again)."""
         group.epoch += 1
+        group.change_code = code
+        self._changed()
         change = EpochChange(
             group_id=group.group_id, epoch=group.epoch, members=group.members_bitmap(), code=code
         )
-        recipients = [m.peer for _, m in sorted(group.members.items())]
-        if group.plan is not None:
-            recipients += [
-                self._node_peers[p.node_id] for p in group.plan.aggregators if p.node_id in self._aggregators
-            ]
-        out.extend(SendMessage(peer, change) for peer in recipients)
-        for member in group.members.values():
+        for _, member in sorted(group.members.items()):
+            if member.peer is not None:
+                out.append(SendMessage(member.peer, change))
+                member.epoch = group.epoch
             member.state = _move(MEMBER_TABLE, member.state, "new_epoch")
+        if group.plan is not None:
+            for placement in group.plan.aggregators:
+                peer = self._aggregator_peer(placement.node_id)
+                if peer is not None:
+                    out.append(SendMessage(peer, change))
         group.plan = None
+
+    def _aggregator_peer(self, node_id: str) -> PeerId | None:
+        """The connection of a registered aggregator; None if it is away or gone."""
+        if node_id not in self._aggregators or node_id in self._away_aggregators:
+            return None
+        return self._node_peers[node_id]
 
     def _pool(self, group: _Group) -> list[AggregatorInfo]:
         """Registered aggregators able to serve ``group``, with the capacity left for it."""
@@ -735,7 +1069,7 @@ class RendezvousMachine:
                     used[node_id] = used.get(node_id, 0) + 1
         pool = []
         for node_id, info in sorted(self._aggregators.items()):
-            capabilities = self._peers[self._node_peers[node_id]].capabilities
+            capabilities = self._aggregator_capabilities[node_id]
             limit = chunk_elements_limit(capabilities, group.world_size, params.block_elements)
             if limit < params.chunk_elements:
                 continue
@@ -771,37 +1105,48 @@ class RendezvousMachine:
         plan = self._candidate(group)
         if plan is None:
             group.state = _move(GROUP_TABLE, group.state, "no_capacity")
+            self._changed()
             return
         self._assign(group, plan, out)
 
     def _assign(self, group: _Group, plan: TreePlan, out: list[Command]) -> None:
+        """Install ``plan`` and send its TreeAssignments to whoever is connected (an
+        away node gets its own when it registers or joins again)."""
         group.plan = plan
         group.state = _move(GROUP_TABLE, group.state, "planned")
-        params = group.current_params()
+        self._changed()
         for placement in plan.aggregators:
-            assignment = TreeAssignment(
-                group_id=group.group_id,
-                epoch=group.epoch,
-                world_size=group.world_size,
-                expected=placement.expected,
-                children=placement.children,
-                params=params,
-                parent=placement.parent,
-            )
-            out.append(SendMessage(self._node_peers[placement.node_id], assignment))
-        for rank, parent in plan.endpoint_parents:
+            peer = self._aggregator_peer(placement.node_id)
+            if peer is not None:
+                out.append(SendMessage(peer, self._aggregator_assignment(group, placement)))
+        for rank, _ in plan.endpoint_parents:
             member = group.members[rank]
-            assignment = TreeAssignment(
-                group_id=group.group_id,
-                epoch=group.epoch,
-                world_size=group.world_size,
-                expected=bitmap_from_ranks([rank]),
-                children=(),
-                params=params,
-                parent=parent,
-            )
-            out.append(SendMessage(member.peer, assignment))
-            member.state = _move(MEMBER_TABLE, member.state, "assigned")
+            if member.peer is not None:
+                out.append(SendMessage(member.peer, self._endpoint_assignment(group, rank)))
+                member.state = _move(MEMBER_TABLE, member.state, "assigned")
+
+    def _aggregator_assignment(self, group: _Group, placement: AggregatorPlacement) -> TreeAssignment:
+        return TreeAssignment(
+            group_id=group.group_id,
+            epoch=group.epoch,
+            world_size=group.world_size,
+            expected=placement.expected,
+            children=placement.children,
+            params=group.current_params(),
+            parent=placement.parent,
+        )
+
+    def _endpoint_assignment(self, group: _Group, rank: int) -> TreeAssignment:
+        assert group.plan is not None
+        return TreeAssignment(
+            group_id=group.group_id,
+            epoch=group.epoch,
+            world_size=group.world_size,
+            expected=bitmap_from_ranks([rank]),
+            children=(),
+            params=group.current_params(),
+            parent=group.plan.parent_of(rank),
+        )
 
     def _retry_waiting(self, out: list[Command]) -> None:
         for _, group in sorted(self._groups.items()):
@@ -848,8 +1193,13 @@ __all__ = [
     "MAY_SEND",
     "MEMBER_TABLE",
     "PEER_TABLE",
+    "RESUME_GRACE_INTERVALS",
     "TABLES",
     "AggregatorStatus",
+    "DurableAggregator",
+    "DurableGroup",
+    "DurableMember",
+    "DurableState",
     "GroupConfig",
     "GroupState",
     "GroupStatus",
