@@ -97,6 +97,23 @@ OPTIONS: tuple[Option, ...] = (
         _bool,
         (R,),
     ),
+    Option(
+        "store",
+        "SQLite file keeping groups, members, epochs, trees and aggregator registrations across a "
+        "restart; ':memory:' keeps nothing (default: $XDG_STATE_HOME/cco/rendezvous-<node_id>.sqlite3, "
+        "else ~/.local/state/cco/...)",
+        None,
+        str,
+        (R,),
+    ),
+    Option(
+        "resume_grace_ms",
+        "after a restart from the store, milliseconds members and aggregators have to come back "
+        "before they are lost (default: 12 heartbeat intervals)",
+        None,
+        int,
+        (R,),
+    ),
     Option("group_id", "group to join (32 hex digits)", None, str, (R, E)),
     Option("world_size", "members in the group", None, int, (R, E)),
     Option("credential", "group join credential (text)", "", str, (R, E)),

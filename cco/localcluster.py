@@ -69,6 +69,9 @@ class LocalCluster:
         self.spec = spec
         self.workdir = workdir
         self.pki = workdir / "pki"
+        self.store = workdir / "rendezvous.sqlite3"
+        """The rendezvous's store: in the work directory, so that a restart
+        (:meth:`restart_rendezvous`) carries on from it and nothing is written elsewhere."""
         self.rendezvous_port = free_udp_port()
         self._infra: list[_Process] = []
 
@@ -117,6 +120,8 @@ class LocalCluster:
             *self._common("rendezvous"),
             "--listen",
             f"{HOST}:{self.rendezvous_port}",
+            "--store",
+            str(self.store),
             "--chunk-elements",
             str(self.spec.chunk_elements),
             "--window",

@@ -29,6 +29,13 @@ from cco.nodes.aggregator import AggregatorConfig, AggregatorMachine, NodeState
 from cco.nodes.endpoint import CollectiveRequest
 from cco.nodes.rendezvous import GroupConfig, RendezvousConfig, RendezvousMachine
 from cco.services.node import NodeService
+from cco.services.store import (
+    PersistentRendezvous,
+    RendezvousStore,
+    StoreError,
+    default_store_path,
+    stored_groups,
+)
 from cco.transport import TransportConfig
 from cco.transport.certs import CA_CERT_FILE, node_paths
 from cco.wire.errors import CcoError, ErrorCode
@@ -93,16 +100,18 @@ def _stop_event() -> asyncio.Event:
     return stop
 
 
-async def _until_signalled() -> None:
-    await _stop_event().wait()
-
-
 async def _pause(stop: asyncio.Event, seconds: float) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), seconds)
 
 
 async def run_rendezvous(cfg: NodeConfig) -> int:
+    """Serve groups until SIGINT or SIGTERM (exit 0), carrying on from the store.
+
+    Every change to a group or registration is saved in the store before it is
+    announced; a store that cannot be written stops the rendezvous with status 1
+    (its peers come back to the next one, which starts from the last saved state)."""
+    node_id = cfg.require("node_id")
     params = GroupParams(
         chunk_elements=cfg.chunk_elements,
         window=cfg.window,
@@ -114,18 +123,51 @@ async def run_rendezvous(cfg: NodeConfig) -> int:
         groups[parse_group_id(cfg.group_id)] = GroupConfig(
             world_size=cfg.require("world_size"), credential=cfg.credential.encode()
         )
-    machine = RendezvousMachine(
-        RendezvousConfig(groups=groups, create_groups_on_join=cfg.dynamic_groups, params=params)
+    config = RendezvousConfig(
+        groups=groups,
+        create_groups_on_join=cfg.dynamic_groups,
+        params=params,
+        resume_grace_ms=cfg.resume_grace_ms,
     )
-    service = NodeService(machine, cfg.require("node_id"), Role.RENDEZVOUS, transport_config(cfg))
-    host, port = parse_hostport(cfg.listen)
-    address = await service.listen(host, port)
-    log.info("rendezvous %s listening on %s:%d", cfg.node_id, *address[:2])
+    transport = transport_config(cfg)
+    stop = _stop_event()
+    failures: list[StoreError] = []
+
+    def store_failed(error: StoreError) -> None:
+        log.error("%s; stopping", error.detail)
+        failures.append(error)
+        stop.set()
+
+    store = RendezvousStore(cfg.store if cfg.store is not None else default_store_path(node_id))
     try:
-        await _until_signalled()
+        machine = PersistentRendezvous.open(
+            store, lambda state: RendezvousMachine.restored(state, time.monotonic(), config), store_failed
+        )
+        restored = machine.machine.status()
+        if restored.grace_ends is not None:
+            log.info(
+                "rendezvous %s restored %d groups and %d aggregator registrations from %s; "
+                "they have %g s to come back",
+                node_id,
+                len(restored.groups),
+                len(restored.aggregators),
+                store.path,
+                config.resume_grace,
+            )
+            for line in stored_groups(machine.machine.durable_state()):
+                log.info("restored %s", line)
+        service = NodeService(machine, node_id, Role.RENDEZVOUS, transport)
+        host, port = parse_hostport(cfg.listen)
+        address = await service.listen(host, port)
+        service.runner.execute_all([])  # arms the end of the grace period, should nobody come back
+        log.info("rendezvous %s listening on %s:%d (store %s)", node_id, *address[:2], store.path)
+        try:
+            await stop.wait()
+        finally:
+            await service.close()
     finally:
-        await service.close()
-    return 0
+        store.close()
+    return 1 if failures else 0
 
 
 async def run_aggregator(cfg: NodeConfig) -> int:
