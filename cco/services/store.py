@@ -38,6 +38,7 @@ clear error instead of overwriting the first one's state.  Writes are synchronou
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 from collections.abc import Callable, Iterable
@@ -194,7 +195,7 @@ class RendezvousStore:
                     self._db.executemany(f"INSERT OR REPLACE INTO {table} VALUES ({marks})", upserts)
             self._db.execute("COMMIT")
         except sqlite3.Error as exc:
-            if self._db.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
                 self._db.execute("ROLLBACK")
             raise StoreError(self.path, f"write failed: {exc}") from None
         self._rows = new
