@@ -109,7 +109,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "resume_grace_ms",
         "after a restart from the store, milliseconds members and aggregators have to come back "
-        "before they are lost (default: 12 heartbeat intervals)",
+        "before they are lost (default: 3 heartbeat intervals + 9 s, i.e. 12 s)",
         None,
         int,
         (R,),

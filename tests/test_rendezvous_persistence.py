@@ -19,7 +19,9 @@ from test_rendezvous import CRED, GID, INTERVAL, Harness, only, sent_to
 
 from cco.nodes.events import Command, Input, PeerConnected, PeerDisconnected
 from cco.nodes.rendezvous import (
-    RESUME_GRACE_INTERVALS,
+    DEFAULT_PARAMS,
+    LOSS_INTERVALS,
+    RESUME_REDIAL_GAP,
     DurableState,
     GroupConfig,
     GroupState,
@@ -43,7 +45,7 @@ from cco.wire.messages import (
 )
 from cco.wire.registries import Role
 
-GRACE = RESUME_GRACE_INTERVALS * INTERVAL
+GRACE = LOSS_INTERVALS * INTERVAL + RESUME_REDIAL_GAP
 
 
 class VersionedHarness(Harness):
@@ -304,8 +306,12 @@ def test_the_grace_ends_on_any_input_after_its_deadline() -> None:
     assert [m.connected for m in h.group().members] == [True]
 
 
-def test_the_resume_grace_is_configurable_and_defaults_to_twelve_intervals() -> None:
-    assert RendezvousConfig().resume_grace == pytest.approx(12 * INTERVAL)
+def test_the_resume_grace_is_configurable_and_defaults_to_twelve_seconds() -> None:
+    assert RendezvousConfig().resume_grace == pytest.approx(12.0)
+    fast = dataclasses.replace(DEFAULT_PARAMS, heartbeat_interval_ms=100)
+    assert RendezvousConfig(params=fast).resume_grace == pytest.approx(
+        9.3
+    )  # peers' redial gaps do not shrink
     assert RendezvousConfig(resume_grace_ms=2500).resume_grace == 2.5
     with pytest.raises(ValueError, match="negative"):
         RendezvousConfig(resume_grace_ms=-1)

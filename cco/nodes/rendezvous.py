@@ -125,17 +125,20 @@ on), not the whole operation, so that the largest collective on the slowest link
 (64 MiB of float32 over 40 Mbit/s at MTU 1500: measured 73 to 127 s here) completes,
 while a stalled one fails within 30 s naming the missing ranks."""
 DEFAULT_FAN_IN = 16
-RESUME_GRACE_INTERVALS = 4 * LOSS_INTERVALS
-"""Default grace period after a restart, in heartbeat intervals (12 s at the default
-1 s).  A peer notices a silent rendezvous after :data:`LOSS_INTERVALS` intervals and
-dials again at once; a dial that began while the rendezvous was still down completes
-when QUIC retransmits its Initial to the new process (within about 3 s here).  A
-rendezvous restarted by a service manager within a few seconds therefore sees its
-peers back about 3 intervals plus a few seconds after the restart; four times the
-loss time leaves room for a loaded machine and for one backoff step (1 s, then 2 s)
-while still declaring a member that really died during the outage lost within a
-fraction of the default operation timeout (30 s).  Longer outages put peers into
-longer backoff (up to 30 s); raise the grace for them (``--resume-grace-ms``)."""
+RESUME_REDIAL_GAP = 9.0
+"""Seconds of the default grace period after a restart beyond the peers' own loss
+detection: the default is ``LOSS_INTERVALS`` heartbeat intervals plus this, 12 s at
+the default interval of 1 s.  Why: a peer notices a silent rendezvous after
+:data:`LOSS_INTERVALS` intervals (which matters when the restart is quicker than
+that) and then dials it again, each attempt lasting up to 10 s, with pauses of 1 s,
+2 s, 4 s, 8 s ... between attempts (``cco.client`` and ``run_aggregator``).  An
+attempt under way when the new process starts completes at QUIC's next
+retransmission of its Initial (seconds apart at most); one in a pause starts when
+the pause ends.  Within the 60 s for which endpoints and aggregators keep a group
+without a rendezvous (their ``rendezvous_grace``), no pause is longer than 8 s, so
+every live peer is back within about 8 s plus a handshake of the restart: 9 s covers
+that.  A longer grace would only delay the re-planning of groups that lost a member
+or an aggregator during the outage."""
 FALLBACK_LABEL = "cco:fallback"
 """The label an aggregator run by an end host registers with: planned only when the
 dedicated aggregators cannot hold a group, and replaced as soon as they can."""
@@ -166,7 +169,8 @@ class RendezvousConfig:
 
     ``resume_grace_ms`` is how long a restored machine (:meth:`RendezvousMachine.restored`)
     waits for its away members and aggregators to come back; None means
-    :data:`RESUME_GRACE_INTERVALS` heartbeat intervals (see there for why).
+    ``LOSS_INTERVALS`` heartbeat intervals plus :data:`RESUME_REDIAL_GAP` (see there
+    for why).
     """
 
     groups: Mapping[bytes, GroupConfig] = field(default_factory=dict)
@@ -188,7 +192,7 @@ class RendezvousConfig:
         """The grace period after a restart, in seconds."""
         if self.resume_grace_ms is not None:
             return self.resume_grace_ms / 1000.0
-        return RESUME_GRACE_INTERVALS * self.params.heartbeat_interval_ms / 1000.0
+        return LOSS_INTERVALS * self.params.heartbeat_interval_ms / 1000.0 + RESUME_REDIAL_GAP
 
 
 # --- states and transitions --------------------------------------------------------
@@ -1193,7 +1197,7 @@ __all__ = [
     "MAY_SEND",
     "MEMBER_TABLE",
     "PEER_TABLE",
-    "RESUME_GRACE_INTERVALS",
+    "RESUME_REDIAL_GAP",
     "TABLES",
     "AggregatorStatus",
     "DurableAggregator",
