@@ -39,6 +39,7 @@ clear error instead of overwriting the first one's state.  Writes are synchronou
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sqlite3
 from collections.abc import Callable, Iterable
@@ -110,6 +111,7 @@ class RendezvousStore:
         self.transactions = 0
         """Transactions committed by :meth:`save` (one per saved change)."""
         self._rows: dict[str, dict[Row, Row]] = {table: {} for table in _TABLES}
+        self._trees: dict[bytes, tuple[TreePlan, bytes]] = {}  # the last tree encoded, per group
         if self.path != MEMORY:
             _create_private(Path(self.path))
         try:
@@ -179,7 +181,7 @@ class RendezvousStore:
     def save(self, state: DurableState) -> None:
         """Write ``state`` in one transaction: only rows that differ from what is
         stored are written or deleted; with no difference nothing is written."""
-        new = _rows_from_state(state)
+        new = self._rows_from_state(state)
         changes = [(table, *_diff(self._rows[table], new[table])) for table in _TABLES]
         if not any(upserts or deletes for _, upserts, deletes in changes):
             return
@@ -203,6 +205,56 @@ class RendezvousStore:
 
     def close(self) -> None:
         self._db.close()
+
+    def _tree_blob(self, group_id: bytes, plan: TreePlan | None) -> bytes | None:
+        """A tree is encoded once: the machine keeps the same plan object until it
+        re-plans, and a large group's tree is the largest value in the store."""
+        if plan is None:
+            return None
+        cached = self._trees.get(group_id)
+        if cached is None or cached[0] is not plan:
+            cached = (plan, _encode_tree(plan))
+            self._trees[group_id] = cached
+        return cached[1]
+
+    def _rows_from_state(self, state: DurableState) -> dict[str, dict[Row, Row]]:
+        rows: dict[str, dict[Row, Row]] = {table: {} for table in _TABLES}
+        for g in state.groups:
+            rows["groups"][(g.group_id,)] = (
+                g.group_id,
+                g.world_size,
+                g.credential,
+                g.secret,
+                g.epoch,
+                g.state.value,
+                int(g.change_code),
+                g.max_fan_in,
+                _params_blob(g.params),
+                self._tree_blob(g.group_id, g.plan),
+            )
+            for m in g.members:
+                rows["members"][(g.group_id, m.rank)] = (
+                    g.group_id,
+                    m.rank,
+                    m.node_id,
+                    m.state.value,
+                    m.epoch,
+                    _labels_blob(m.labels),
+                    _capabilities_blob(m.capabilities),
+                )
+        for a in state.aggregators:
+            info = a.info
+            rows["aggregators"][(info.node_id,)] = (
+                info.node_id,
+                info.address.host,
+                info.address.port,
+                info.capacity,
+                info.max_fan_in,
+                _labels_blob(info.labels),
+                _capabilities_blob(a.capabilities),
+            )
+        self._trees = {g.group_id: self._trees[g.group_id] for g in state.groups if g.plan is not None}
+        return rows
 
 
 def _create_private(path: Path) -> None:
@@ -228,62 +280,36 @@ def _blob(value: cbor.CborValue) -> bytes:
     return cbor.encode(value)
 
 
-def _optional_map(struct: Capabilities | None) -> bytes | None:
-    return None if struct is None else _blob(struct.to_map())
+# Labels, capabilities and parameters repeat across members and saves: each distinct
+# value is encoded once (they are frozen, hence hashable).
+
+
+@functools.lru_cache(maxsize=1024)
+def _labels_blob(labels: tuple[str, ...]) -> bytes:
+    return _blob(list(labels))
+
+
+@functools.lru_cache(maxsize=1024)
+def _capabilities_blob(capabilities: Capabilities | None) -> bytes | None:
+    return None if capabilities is None else _blob(capabilities.to_map())
+
+
+@functools.lru_cache(maxsize=1024)
+def _params_blob(params: GroupParams) -> bytes:
+    return _blob(params.to_map())
 
 
 def _ref(ref: NodeRef) -> cbor.CborValue:
     return ref.to_map()
 
 
-def _tree_blob(plan: TreePlan | None) -> bytes | None:
-    if plan is None:
-        return None
+def _encode_tree(plan: TreePlan) -> bytes:
     placements: list[cbor.CborValue] = [
         [_ref(p.node), None if p.parent is None else _ref(p.parent), [_ref(c) for c in p.children], p.depth]
         for p in plan.aggregators
     ]
     parents: list[cbor.CborValue] = [[rank, _ref(ref)] for rank, ref in plan.endpoint_parents]
     return _blob([plan.strategy.value, plan.locality, placements, parents])
-
-
-def _rows_from_state(state: DurableState) -> dict[str, dict[Row, Row]]:
-    rows: dict[str, dict[Row, Row]] = {table: {} for table in _TABLES}
-    for g in state.groups:
-        rows["groups"][(g.group_id,)] = (
-            g.group_id,
-            g.world_size,
-            g.credential,
-            g.secret,
-            g.epoch,
-            g.state.value,
-            int(g.change_code),
-            g.max_fan_in,
-            _blob(g.params.to_map()),
-            _tree_blob(g.plan),
-        )
-        for m in g.members:
-            rows["members"][(g.group_id, m.rank)] = (
-                g.group_id,
-                m.rank,
-                m.node_id,
-                m.state.value,
-                m.epoch,
-                _blob(list(m.labels)),
-                _optional_map(m.capabilities),
-            )
-    for a in state.aggregators:
-        info = a.info
-        rows["aggregators"][(info.node_id,)] = (
-            info.node_id,
-            info.address.host,
-            info.address.port,
-            info.capacity,
-            info.max_fan_in,
-            _blob(list(info.labels)),
-            _optional_map(a.capabilities),
-        )
-    return rows
 
 
 def _decoded(blob: bytes) -> Any:
