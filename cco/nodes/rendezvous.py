@@ -3,6 +3,7 @@
 Usage (the I/O layer, a test or ``cco.nodes.sim`` drives it the same way)::
 
     rv = RendezvousMachine(RendezvousConfig(groups={gid: GroupConfig(world_size=4, credential=b"pw")}))
+    # or, after a restart: RendezvousMachine.restored(durable_state, now, config)
     cmds = rv.handle(PeerConnected(peer="p1", node_id="agg-1", role=Role.AGGREGATOR), now)
     cmds = rv.handle(MessageReceived(peer="p1", message=AggregatorRegister(...)), now)
     ...
@@ -39,6 +40,21 @@ What peers see (draft section "Membership, Trees and Epochs"):
   :data:`~cco.nodes.tree.ENDPOINT_ADDRESS`.
 * Heartbeat(seq) goes to every peer each interval and echoes the last seq received
   from it; a peer that sent nothing for three intervals is lost and closed.
+
+Restart (draft section "Rendezvous Persistence and Restart"): :meth:`durable_state`
+exports what must survive (groups with members, epochs, secrets, parameters and
+trees; aggregator registrations) and ``durable_version`` moves whenever it changes,
+never on heartbeats; the service saves it before it carries out the commands that
+announce the change (:mod:`cco.services.store`).  :meth:`RendezvousMachine.restored`
+builds a machine from it in which every member and aggregator is *away*: an away
+member that sends its JoinRequest again gets JoinAccept with its rank, the epoch it
+was last told of, the same secret and parameters, and nothing else unless the group
+moved on meanwhile (then the EpochChange and TreeAssignment it missed); an away
+aggregator that registers again as before gets AggregatorAccept and the current
+epoch's TreeAssignment of every tree it is in.  Nothing is sent to an away node.
+When the grace period (``RendezvousConfig.resume_grace``) ends, away aggregators are
+lost (their trees re-planned), then away members (one EpochChange per group, code
+PEER_LOST), exactly as if their connections had ended then.
 
 Capabilities (draft section "Hello Exchange, Versions and Extensions"): what each
 peer declared in Hello or HelloAck arrives with
