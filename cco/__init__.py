@@ -20,6 +20,8 @@ _EXPORTS = {
     "BlockingCommunicator": "cco.client",
     "GroupSpec": "cco.client",
     "FallbackAggregator": "cco.client",
+    "PartialResult": "cco.client",
+    "Quorum": "cco.nodes.operation",
     "CollectiveRequest": "cco.nodes.endpoint",
     "OperationError": "cco.nodes.endpoint",
     "TransportConfig": "cco.transport",

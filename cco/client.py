@@ -33,6 +33,7 @@ from cco.config import parse_hostport
 from cco.nodes.aggregator import AggregatorConfig, AggregatorMachine
 from cco.nodes.endpoint import CollectiveRequest, EndpointConfig, EndpointMachine, LinkState, SessionState
 from cco.nodes.events import Command, Joined, JoinFailed, OperationCompleted, OperationFailed
+from cco.nodes.operation import Quorum
 from cco.nodes.rendezvous import FALLBACK_LABEL
 from cco.services.node import NodeService
 from cco.transport import TransportConfig
@@ -87,6 +88,16 @@ class FallbackAggregator:
     max_fan_in: int = 64
 
 
+@dataclass(frozen=True, slots=True)
+class PartialResult:
+    """What a quorum all-reduce returns: the verified reduction of ``contributors``'
+    arrays (AVG divides by their number).  The ranks missing from it came too late,
+    or never; a rank that was late gets the same result without having contributed."""
+
+    array: np.ndarray
+    contributors: frozenset[int]
+
+
 class Communicator:
     """One membership of one group, for asyncio code.  Create with :meth:`join`."""
 
@@ -97,6 +108,7 @@ class Communicator:
         self._joined: asyncio.Future[Joined] = asyncio.get_running_loop().create_future()
         self._joined.add_done_callback(_retrieve)
         self._pending: dict[int, asyncio.Future[np.ndarray | None]] = {}
+        self._partial: dict[int, asyncio.Future[PartialResult]] = {}
         self._closing = False  # close() has begun (it runs once)
         self._closed = False  # close() is past its barrier: no new collectives
         self._fallback: NodeService | None = None  # the aggregator this endpoint runs, if any
@@ -216,15 +228,41 @@ class Communicator:
         do not modify it until the future is done (as with torch.distributed's
         asynchronous operations).
         """
-        future: asyncio.Future[np.ndarray | None] = asyncio.get_running_loop().create_future()
+        return self._start(request, self._pending)
+
+    def _start(self, request: CollectiveRequest, pending: dict[int, asyncio.Future[T]]) -> asyncio.Future[T]:
+        """Start ``request``; its future, resolved from ``pending`` by _on_command."""
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         if self._closed:
             future.set_exception(CcoError(ErrorCode.ABORTED, "communicator closed"))
             return future
         now = self._service.runner.clock()
         op_id, commands = self._machine.start(request, now)  # raises CcoError on misuse
-        self._pending[op_id] = future
+        pending[op_id] = future
         self._service.runner.execute_all(commands)
         return future
+
+    def start_all_reduce_quorum(
+        self, array: np.ndarray, op: ReduceOp = ReduceOp.SUM, *, min_ranks: int, wait: float, **kw: Any
+    ) -> asyncio.Future[PartialResult]:
+        """Begin a quorum all-reduce (see :meth:`all_reduce_quorum`)."""
+        request = CollectiveRequest(
+            kind=Collective.ALL_REDUCE, op=op, array=array, quorum=Quorum(min_ranks, wait), **kw
+        )
+        return self._start(request, self._partial)
+
+    async def all_reduce_quorum(
+        self, array: np.ndarray, op: ReduceOp = ReduceOp.SUM, *, min_ranks: int, wait: float, **kw: Any
+    ) -> PartialResult:
+        """An all-reduce under the quorum policy: the verified reduction over the ranks
+        that contributed within ``wait`` seconds (counted at each aggregator from the
+        first rank it hears from), at least ``min_ranks`` of the accepted members,
+        with the contributors it is over.  Stragglers get the same result without
+        having contributed.  With fewer than ``min_ranks`` in time it waits for more
+        until the operation's timeout, then fails naming the missing ranks, as
+        :meth:`all_reduce` (the strict policy) does.  Every rank must pass the same
+        ``min_ranks`` and ``wait``; keywords as for :meth:`all_reduce`."""
+        return await self.start_all_reduce_quorum(array, op, min_ranks=min_ranks, wait=wait, **kw)
 
     def start_all_reduce(
         self, array: np.ndarray, op: ReduceOp = ReduceOp.SUM, **kw: Any
@@ -314,19 +352,29 @@ class Communicator:
                     CcoError(command.code, f"group {command.group_id.hex()}: {command.detail}")
                 )
         elif isinstance(command, OperationCompleted):
+            partial = self._partial.pop(command.op_id, None)
+            if partial is not None and not partial.done():
+                assert command.contributors is not None
+                partial.set_result(PartialResult(_present(command.result), command.contributors))
             future = self._pending.pop(command.op_id, None)
             if future is not None and not future.done():
                 future.set_result(command.result)
         elif isinstance(command, OperationFailed):
-            future = self._pending.pop(command.op_id, None)
-            if future is not None and not future.done():
-                future.set_exception(command.error)
+            futures: list[asyncio.Future[Any] | None] = [
+                self._pending.pop(command.op_id, None),
+                self._partial.pop(command.op_id, None),
+            ]
+            for failed in futures:
+                if failed is not None and not failed.done():
+                    failed.set_exception(command.error)
 
     def _fail_all(self, error: CcoError) -> None:
-        for future in self._pending.values():
+        futures: list[asyncio.Future[Any]] = [*self._pending.values(), *self._partial.values()]
+        for future in futures:
             if not future.done():
                 future.set_exception(error)
         self._pending.clear()
+        self._partial.clear()
 
 
 async def _on_loop(function: Callable[[], T]) -> T:
@@ -425,6 +473,12 @@ class BlockingCommunicator:
 
     def all_reduce(self, array: np.ndarray, op: ReduceOp = ReduceOp.SUM, **kw: Any) -> np.ndarray:
         return self._call(self._comm.all_reduce(array, op, **kw))
+
+    def all_reduce_quorum(
+        self, array: np.ndarray, op: ReduceOp = ReduceOp.SUM, *, min_ranks: int, wait: float, **kw: Any
+    ) -> PartialResult:
+        """See :meth:`Communicator.all_reduce_quorum`."""
+        return self._call(self._comm.all_reduce_quorum(array, op, min_ranks=min_ranks, wait=wait, **kw))
 
     def reduce(
         self, array: np.ndarray, root: int, op: ReduceOp = ReduceOp.SUM, **kw: Any

@@ -74,6 +74,7 @@ KEYS = {
     OTHER: payload.derive_group_keys(SECRET[::-1], OTHER),
 }
 PARAMS = GroupParams(chunk_elements=4, window=2, heartbeat_interval_ms=100, operation_timeout_ms=1000)
+QUORUM_WAIT_MS = 200  # below half the operation timeout: no retransmission request first
 ADDRESS = Address(host="agg.test", port=4433)
 PARENT = NodeRef(
     node_id="root", address=Address(host="root.test", port=4433), ranks=bitmap_from_ranks(range(6))
@@ -120,8 +121,12 @@ def chunk(
     kind: Collective = Collective.ALL_REDUCE,
     op: ReduceOp = ReduceOp.SUM,
     root: int | None = None,
+    quorum: int | None = None,
+    wait_ms: int = QUORUM_WAIT_MS,
+    members: list[int] | None = None,
 ) -> ChunkMessage:
-    """Rank ``rank``'s sealed chunk (by default its rank+1 repeated)."""
+    """Rank ``rank``'s sealed chunk (by default its rank+1 repeated); with ``quorum``, of
+    a presence pass; with ``members``, of an operation a presence pass decided."""
     header = payload.ChunkHeader(
         group_id=group,
         epoch=epoch,
@@ -133,6 +138,9 @@ def chunk(
         chunk_elements=PARAMS.chunk_elements,
         chunk_index=index,
         root=root,
+        quorum=quorum,
+        wait_ms=wait_ms if quorum is not None else None,
+        members=bitmap_from_ranks(members) if members is not None else None,
     )
     count = header.element_count
     data = np.array(values if values is not None else [rank + 1] * count, dtype=np.int64)
@@ -625,6 +633,96 @@ def test_memory_is_window_times_chunk_not_tensor() -> None:
     assert rig.machine.peak_slot_bytes <= PARAMS.window * PARAMS.chunk_elements * 8
 
 
+# --- the quorum policy: presence passes and decided members ------------------------------
+
+WAIT = QUORUM_WAIT_MS / 1000
+
+
+def test_a_presence_pass_at_the_root_completes_with_the_ranks_in_time_at_the_end_of_its_wait() -> None:
+    rig = root_rig()
+    assert rig.send("ep0", chunk(0, quorum=2)) == []
+    assert rig.send("ep1", chunk(1, quorum=2)) == []
+    assert rig.machine.next_deadline() == pytest.approx(WAIT)
+    out = rig.timer(WAIT)
+    for child in ("ep0", "ep1", "ep2"):  # the late rank gets the result too
+        (result,) = sent(out, child, Result)
+        assert ranks_from_bitmap(result.contributors) == {0, 1}
+    late = rig.send("ep2", chunk(2, quorum=2))  # not counted: answered with the result
+    assert [ranks_from_bitmap(m.contributors) for m in sent(late, "ep2", Result)] == [{0, 1}]
+    assert rig.machine.slot_state(GROUP, 0, 0) is SlotState.COMPLETE
+
+
+def test_a_presence_pass_short_of_its_quorum_waits_for_more_then_fails_naming_them() -> None:
+    rig = root_rig()
+    rig.send("ep0", chunk(0, quorum=2))
+    assert sent(rig.timer(WAIT), None, Result) == []  # 1 of a quorum of 2: wait on
+    out = rig.send("ep1", chunk(1, quorum=2))  # the quorum, after the wait: at once
+    assert [ranks_from_bitmap(m.contributors) for m in sent(out, "ep2", Result)] == [{0, 1}]
+    rig2 = root_rig()
+    rig2.send("ep0", chunk(0, quorum=3))
+    rig2.send("ep1", chunk(1, quorum=3))
+    rig2.timer(WAIT)
+    out = rig2.timer(PARAMS.operation_timeout_ms / 1000)
+    (abort,) = sent(out, "ep0", Abort)
+    assert abort.code is ErrorCode.TIMEOUT and abort.missing == bitmap_from_ranks([2])
+
+
+def test_a_presence_pass_with_every_rank_in_time_does_not_wait() -> None:
+    rig = root_rig()
+    rig.send("ep0", chunk(0, quorum=1))
+    rig.send("ep1", chunk(1, quorum=1))
+    out = rig.send("ep2", chunk(2, quorum=1))
+    assert [ranks_from_bitmap(m.contributors) for m in sent(out, "ep0", Result)] == [{0, 1, 2}]
+
+
+def test_below_the_root_a_presence_pass_goes_up_with_what_came_in_time() -> None:
+    rig, parent = leaf_rig()
+    rig.send("ep0", chunk(0, quorum=2))  # a quorum is the root's to judge
+    (partial,) = sent(rig.timer(WAIT), parent, PartialAggregate)
+    assert ranks_from_bitmap(partial.contributors) == {0} and partial.quorum == 2
+    assert sent(rig.send("ep1", chunk(1, quorum=2)), parent) == []  # late: not sent up
+
+
+def test_a_presence_pass_waits_once_more_for_a_silent_child_aggregator() -> None:
+    rig = Rig()
+    rig.register()
+    rig.connect("ep0")
+    rig.connect("mid", role=Role.AGGREGATOR)
+    rig.rendezvous(assignment({"ep0": [0], "mid": [1, 2]}))
+    rig.send("ep0", chunk(0, quorum=1))
+    assert sent(rig.timer(WAIT), None, Result) == []  # mid releases at the end of its own wait
+    rig.now = 1.5 * WAIT  # mid's wait began later, and its rank 2 was late
+    assert sent(rig.send("mid", _retype(chunk(1, quorum=1), PartialAggregate)), None, Result) == []
+    out = rig.timer(2 * WAIT)
+    assert [ranks_from_bitmap(m.contributors) for m in sent(out, "ep0", Result)] == [{0, 1}]
+
+
+def _retype(message: ChunkMessage, cls: type[ChunkMessage]) -> ChunkMessage:
+    return cls(**{f.name: getattr(message, f.name) for f in dataclasses.fields(message)})
+
+
+def test_an_operation_over_decided_members_waits_for_those_only() -> None:
+    rig = root_rig()
+    rig.send("ep0", chunk(0, members=[0, 2]))
+    out = rig.send("ep2", chunk(2, members=[0, 2]))
+    for child in ("ep0", "ep1", "ep2"):
+        (result,) = sent(out, child, Result)
+        assert ranks_from_bitmap(result.contributors) == {0, 2}
+        assert result.members == bitmap_from_ranks([0, 2])
+    rig.send("ep0", chunk(0, op_id=1, members=[0, 2]))
+    nudged = rig.timer(PARAMS.operation_timeout_ms / 2000)  # half the timeout: ask the silent
+    assert {c.peer for c in nudged if isinstance(c, SendMessage)} == {"ep2"}
+    (abort,) = sent(rig.timer(PARAMS.operation_timeout_ms / 1000), "ep0", Abort)
+    assert abort.missing == bitmap_from_ranks([2])  # rank 1 is not a member of this operation
+
+
+def test_children_that_disagree_on_the_members_abort_the_operation() -> None:
+    rig = root_rig()
+    rig.send("ep0", chunk(0, members=[0, 1]))
+    out = rig.send("ep1", chunk(1, members=[0, 1, 2]))
+    assert [m.code for m in sent(out, "ep0", Abort)] == [ErrorCode.OPERATION_MISMATCH]
+
+
 # --- every (state, input) pair ---------------------------------------------------------
 
 
@@ -831,16 +929,27 @@ def _slot_rig() -> tuple[Rig, str]:
     return rig, dial.peer
 
 
-def _slot_in(state: SlotState) -> tuple[Rig, str]:
-    """Slot rig whose slot (op 0, chunk 0) is in ``state``."""
+_QUORUM_EVENTS = (agg.WAIT_OVER, agg.LATE_PART)
+
+
+def _slot_in(state: SlotState, quorum: bool = False) -> tuple[Rig, str]:
+    """Slot rig whose slot (op 0, chunk 0) is in ``state``; with ``quorum`` the slot is
+    a presence pass (quorum 1), completed at the end of its wait without ep2."""
     rig, parent = _slot_rig()
-    rig.send("ep0", chunk(0))
+    q = 1 if quorum else None
+    rig.send("ep0", chunk(0, quorum=q))
     if state is not SlotState.COLLECTING:
-        rig.send("ep1", chunk(1))
+        rig.send("ep1", chunk(1, quorum=q))
     if state is SlotState.COMPLETE:
-        rig.send("ep2", chunk(2))
+        if quorum:
+            rig.timer(QUORUM_WAIT_MS / 1000)
+        else:
+            rig.send("ep2", chunk(2))
     if state is SlotState.ABORTED:
-        rig.timer(rig.now + 5)
+        if quorum:
+            rig.send("ep2", Abort(group_id=GROUP, epoch=1, op_id=0, code=ErrorCode.TIMEOUT, detail="late"))
+        else:
+            rig.timer(rig.now + 5)
     assert rig.machine.slot_state(GROUP, 0, 0) is state
     return rig, parent
 
@@ -869,6 +978,10 @@ def _slot_steps(state: SlotState, event: str) -> list[tuple[str, Message | float
     if event == agg.ASKED_AGAIN:
         request = RetransmitRequest(group_id=GROUP, epoch=1, op_id=0, chunks=(0,))
         return [("parent", request)]
+    if event == agg.WAIT_OVER:
+        return [("timer", QUORUM_WAIT_MS / 1000)]
+    if event == agg.LATE_PART:
+        return [("ep2", chunk(2, quorum=1))]
     assert event == agg.ABORT
     return [("ep2", Abort(group_id=GROUP, epoch=1, op_id=0, code=ErrorCode.TIMEOUT, detail="late"))]
 
@@ -881,6 +994,8 @@ def _realised_slot(state: SlotState, event: str) -> str:
         return agg.CONFLICT
     if state is SlotState.ABORTED and event == agg.PART:
         return agg.LAST_PART
+    if event == agg.LATE_PART and state is not SlotState.COMPLETE:
+        return agg.PART  # only a released slot has late parts
     return event
 
 
@@ -900,7 +1015,7 @@ def test_slot_table_hypothesis(state: SlotState, event: str) -> None:
 
 
 def _drive_slot(state: SlotState, event: str) -> None:
-    rig, parent = _slot_in(state)
+    rig, parent = _slot_in(state, quorum=event in _QUORUM_EVENTS)
     steps = _slot_steps(state, event)
     for peer, message in steps[:-1]:
         assert isinstance(message, Message)

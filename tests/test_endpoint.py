@@ -52,6 +52,7 @@ from cco.nodes.events import (
     TimerFired,
 )
 from cco.nodes.fsm import TransitionTable
+from cco.nodes.operation import Quorum
 from cco.wire import payload
 from cco.wire.blockscale import SCALE_MAX
 from cco.wire.dtypes import ELEMENT_TYPES
@@ -244,6 +245,26 @@ def int_request(
     values: list[int], kind: Collective = Collective.ALL_REDUCE, **kw: object
 ) -> CollectiveRequest:
     return CollectiveRequest(kind=kind, array=np.array(values, dtype=np.int32), **kw)  # type: ignore[arg-type]
+
+
+QUORUM = Quorum(min_ranks=1, wait=0.5)
+
+
+def quorum_results(
+    op_id: int, epoch: int, values: list[int], ranks: list[int], members: list[int] | None = None
+) -> tuple[Result, Result]:
+    """What the tree returns for a quorum all-reduce of int32 ``values`` (this rank's
+    length) that ``ranks`` made in time, each sending its rank in every element: the
+    presence pass's Result (op ``op_id``) and the data's (op ``op_id + 1``, over
+    ``members``, by default ``ranks``)."""
+    presence = dataclasses.replace(
+        int_header(op_id, epoch, 1), dtype=DType.INT8, quorum=QUORUM.min_ranks, wait_ms=QUORUM.wait_ms
+    )
+    listed = bitmap_from_ranks(ranks if members is None else members)
+    data = dataclasses.replace(int_header(op_id + 1, epoch, len(values)), members=listed)
+    ones = [payload.seal(KEYS, presence, r, np.ones(1, dtype=np.int64)) for r in ranks]
+    parts = [payload.seal(KEYS, data, r, np.full(data.element_count, r, dtype=np.int64)) for r in ranks]
+    return payload.combine(ones, Result), payload.combine(parts, Result)  # type: ignore[return-value]
 
 
 # --- joining ----------------------------------------------------------------------
@@ -1146,7 +1167,7 @@ def test_session_table_moves_are_all_realised() -> None:
 
 _ACTIONS = [
     "start", "start_receiver", "result", "duplicate", "tampered", "forged", "retransmit", "abort", "deadline",
-    "epoch", "parent", "member_lost",
+    "epoch", "parent", "member_lost", "late_quorum",
 ]  # fmt: skip
 
 
@@ -1249,6 +1270,19 @@ def _run_operations(
                 out += rig.rendezvous(tree(epoch=epoch))
                 sent_chunks.clear()
                 broadcast.clear()
+            elif (
+                action == "late_quorum"
+                and rig.machine.state is SessionState.READY
+                and len(rig.machine.accepted_members) > 1
+            ):
+                # the tree went on without this rank: both results may be there first
+                op_id = rig.machine._next_op_id
+                values = list(range(1 + n % 4))
+                ranks = sorted(rig.machine.accepted_members - {RANK})
+                presence, data = quorum_results(op_id, rig.machine.epoch, values, ranks)
+                out = rig.from_parent(presence)
+                out += rig.start(int_request(values, quorum=QUORUM))[1]
+                broadcast[op_id + 1] = [data]
             elif action == "parent" and rig.parent and rig.machine.state is SessionState.READY:
                 out = rig.feed(PeerDisconnected(rig.parent, ErrorCode.PEER_LOST))
                 out += rig.timer(rig.now + 1.0)  # redials (and may pass an operation's deadline)
@@ -1531,3 +1565,58 @@ def test_the_chunks_kept_for_restarted_operations_are_the_last_two_windows() -> 
             out = rig.from_parent(result_for(chunks.pop(0)))
             chunks += sent(out, rig.parent, Contribution)
     assert rig.machine.kept_chunks == [(0, 3), (0, 4), (1, 0), (1, 1)]  # 2 x window, newest last
+
+
+# --- the quorum policy ------------------------------------------------------------------------
+
+
+def test_a_quorum_all_reduce_sends_its_presence_first_and_its_data_over_the_decided_members() -> None:
+    rig = joined()
+    op_id, out = rig.start(int_request([5, 6, 7], quorum=QUORUM))
+    (presence,) = sent(out, rig.parent, Contribution)
+    assert (presence.op_id, presence.quorum, presence.wait_ms) == (op_id - 1, 1, 500)
+    assert presence.dtype is DType.INT8 and presence.total_elements == 1
+    ranks = [0, RANK, 3]
+    presence_result, data_result = quorum_results(op_id - 1, 1, [5, 6, 7], [0, 3], ranks)
+    everyone = payload.combine([presence_result, presence], Result)  # this rank came in time
+    (data,) = sent(rig.from_parent(everyone), rig.parent, Contribution)
+    assert data.op_id == op_id and data.members == bitmap_from_ranks(ranks) and data.quorum is None
+    result = payload.combine([data_result, data], Result)
+    (done,) = [c for c in rig.from_parent(result) if isinstance(c, OperationCompleted)]
+    assert done.contributors == frozenset(ranks)
+    assert done.result is not None and done.result.tolist() == [0 + 3 + 5, 0 + 3 + 6, 0 + 3 + 7]
+
+
+def test_a_rank_the_quorum_went_on_without_sends_no_data_and_gets_the_result() -> None:
+    rig = joined()
+    op_id, _ = rig.start(int_request([5, 6], quorum=QUORUM))
+    presence, data = quorum_results(op_id - 1, 1, [5, 6], [0, 2])
+    assert sent(rig.from_parent(presence), rig.parent, Contribution) == []
+    (done,) = [c for c in rig.from_parent(data) if isinstance(c, OperationCompleted)]
+    assert done.contributors == {0, 2} and done.result is not None and done.result.tolist() == [2, 2]
+
+
+def test_a_presence_result_short_of_the_quorum_fails_verification() -> None:
+    rig = joined()
+    op_id, _ = rig.start(int_request([5], quorum=Quorum(min_ranks=3, wait=0.5)))
+    header = dataclasses.replace(int_header(op_id - 1, 1, 1), dtype=DType.INT8, quorum=3, wait_ms=500)
+    two = payload.combine([payload.seal(KEYS, header, r, np.ones(1, dtype=np.int64)) for r in (0, 2)], Result)
+    (error,) = failures(rig.from_parent(two))
+    assert error.code is ErrorCode.VERIFICATION_FAILED and error.op_id == op_id
+    assert "presence pass" in str(error) and "a quorum of 3 needed" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("request_", "code"),
+    [
+        (int_request([1], kind=Collective.REDUCE_SCATTER, quorum=QUORUM), ErrorCode.UNSUPPORTED_FEATURE),
+        (int_request([1], quorum=Quorum(min_ranks=0, wait=0.5)), ErrorCode.INVALID_FIELD),
+        (int_request([1], quorum=Quorum(min_ranks=WORLD + 1, wait=0.5)), ErrorCode.INVALID_FIELD),
+        (int_request([1], quorum=Quorum(min_ranks=1, wait=0)), ErrorCode.INVALID_FIELD),
+    ],
+)
+def test_a_bad_quorum_is_refused_at_start(request_: CollectiveRequest, code: ErrorCode) -> None:
+    rig = joined()
+    with pytest.raises(CcoError) as refused:
+        rig.start(request_)
+    assert refused.value.code is code

@@ -79,6 +79,9 @@ def header_from_json(header: Json) -> ChunkHeader:
         width=header.get("width") if scales is not None else None,
         block_elements=header.get("block_elements"),
         scales=from_hex(scales) if scales is not None else None,
+        members=from_hex(header["members"]) if "members" in header else None,
+        quorum=header.get("quorum"),
+        wait_ms=header.get("wait_ms"),
     )
 
 
@@ -143,7 +146,7 @@ def op_verify(req: Json) -> Json:
         raise CcoError(ErrorCode.OPERATION_MISMATCH, "the header is not the operation's")
     keys = derive_group_keys(from_hex(req["group_secret"]), from_hex(req["group_id"]))
     own = (req["own_rank"], np.array(req["own_values"], dtype=np.int64)) if "own_rank" in req else None
-    values = open_verified(keys, message, frozenset(req["expected_ranks"]), own)
+    values = open_verified(keys, message, frozenset(req["expected_ranks"]), own, req.get("at_least"))
     return {"values": [int(v) for v in values]}
 
 

@@ -1069,6 +1069,12 @@ def _rule_failures() -> list[Failure]:
     def root(name: str, base: str, description: str, mutation: str, body: RawValue) -> Failure:
         return Failure(name, base, invalid, False, description, mutation, with_body(base, body))
 
+    def quorum(name: str, base: str, description: str, mutation: str, changes: dict[int, Any]) -> Failure:
+        body = {**base_value(base)[1], **changes}
+        for key in [k for k, v in changes.items() if v is None]:
+            del body[key]
+        return Failure(name, base, invalid, True, description, mutation, with_body(base, body))
+
     scaled = "contribution-reduce-root"
     scaled_payload = base_value(scaled)[1][13]
     reduce_body = base_value("contribution-reduce-root")[1]
@@ -1295,6 +1301,35 @@ def _rule_failures() -> list[Failure]:
             "add root (key 15) = 0",
             {**base_value(c)[1], 15: 0},
         ),
+        quorum(
+            "quorum-without-wait",
+            "contribution-presence-pass",
+            "A presence pass with quorum (key 18) but no wait_ms (key 19): they come together.",
+            "remove wait_ms (key 19)",
+            {19: None},
+        ),
+        quorum(
+            "presence-with-members",
+            "contribution-presence-pass",
+            "A presence pass (quorum, key 18) that also names members (key 17): a presence pass "
+            "decides the members, it carries none.",
+            "add members (key 17) = h'0c'",
+            {17: b"\x0c"},
+        ),
+        quorum(
+            "contributors-outside-members",
+            "result-decided-members",
+            "contributors 0, 2 and 3 (0d) but members 0 and 2 (05): contributors lie within members.",
+            "set members (key 17) to h'05'",
+            {17: b"\x05"},
+        ),
+        quorum(
+            "members-not-all-reduce",
+            "contribution-barrier",
+            "A BARRIER chunk with members (key 17): members, quorum and wait_ms are for ALL_REDUCE only.",
+            "add members (key 17) = h'01'",
+            {17: b"\x01"},
+        ),
     ]
 
 
@@ -1363,9 +1398,9 @@ def _key_failures() -> list[Failure]:
             c,
             unknown,
             False,
-            "A contribution with key 17 (the largest chunk key is 16).",
-            "add 17 => 0 to the body",
-            with_field(c, (17,), 0),
+            "A contribution with key 20 (the largest chunk key is 19).",
+            "add 20 => 0 to the body",
+            with_field(c, (20,), 0),
         ),
         Failure(
             "unknown-key-zero",

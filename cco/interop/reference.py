@@ -52,25 +52,29 @@ def keys(secret: bytes, group_id: bytes) -> tuple[bytes, bytes]:
 
 def chunk_id(header: dict[str, Any]) -> bytes:
     """m = CBOR([group_id, epoch, op_id, kind, op, dtype, scaling, total_elements,
-    chunk_elements, chunk_index, root]), scaling = null or [width, block_elements, scales]."""
+    chunk_elements, chunk_index, root]), scaling = null or [width, block_elements, scales];
+    a quorum ALL_REDUCE's chunk appends members (or null) and [quorum, wait_ms] (or null)."""
     scaling = None
     if "scales" in header:
         scaling = [header["width"], header["block_elements"], from_hex(header["scales"])]
-    return cbor.encode(
-        [
-            from_hex(header["group_id"]),
-            header["epoch"],
-            header["op_id"],
-            header["kind"],
-            header["op"],
-            header["dtype"],
-            scaling,
-            header["total_elements"],
-            header["chunk_elements"],
-            header["chunk_index"],
-            header.get("root"),
-        ]
-    )
+    fields = [
+        from_hex(header["group_id"]),
+        header["epoch"],
+        header["op_id"],
+        header["kind"],
+        header["op"],
+        header["dtype"],
+        scaling,
+        header["total_elements"],
+        header["chunk_elements"],
+        header["chunk_index"],
+        header.get("root"),
+    ]
+    if "members" in header or "quorum" in header:
+        members = from_hex(header["members"]) if "members" in header else None
+        presence = [header["quorum"], header["wait_ms"]] if "quorum" in header else None
+        fields += [members, presence]
+    return cbor.encode(fields)
 
 
 def keystream(k1: bytes, m: bytes, n: int) -> tuple[bytes, bytes]:

@@ -173,6 +173,9 @@ def _chunk(
     root: int | None = None,
     epoch: int = 3,
     op_id: int = 7,
+    members: Sequence[int] | None = None,
+    quorum: int | None = None,
+    wait_ms: int | None = None,
 ) -> ChunkMessage:
     n = chunk_length(total_elements, chunk_elements, chunk_index)
     blocks = 0 if block_elements is None else -(-n // block_elements)
@@ -195,6 +198,9 @@ def _chunk(
         tag=tag(label) if tagged else None,
         root=root,
         block_elements=block_elements,
+        members=None if members is None else bitmap_from_ranks(members),
+        quorum=quorum,
+        wait_ms=wait_ms,
     )
 
 
@@ -463,6 +469,46 @@ def _topology_samples() -> list[Sample]:
 
 def _chunk_samples() -> list[Sample]:
     return [
+        Sample(
+            "contribution-presence-pass",
+            "Rank 2's presence pass of a quorum all-reduce: one int8 element 1, SUM, tagged; "
+            "quorum 3 (key 18) and wait_ms 250 (key 19).",
+            _chunk(
+                Contribution,
+                "presence",
+                kind=Collective.ALL_REDUCE,
+                op=ReduceOp.SUM,
+                dtype=DType.INT8,
+                elements=[1],
+                total_elements=1,
+                chunk_elements=4,
+                chunk_index=0,
+                contributors=[2],
+                width=1,
+                op_id=6,
+                quorum=3,
+                wait_ms=250,
+            ),
+        ),
+        Sample(
+            "result-decided-members",
+            "The Result of an operation a presence pass decided: members (key 17) ranks 0, 2 and 3 "
+            "(bitmap 0d), who are exactly its contributors; int32 SUM, width 2.",
+            _chunk(
+                Result,
+                "members",
+                kind=Collective.ALL_REDUCE,
+                op=ReduceOp.SUM,
+                dtype=DType.INT32,
+                elements=[6, -300],
+                total_elements=2,
+                chunk_elements=4,
+                chunk_index=0,
+                contributors=[0, 2, 3],
+                width=2,
+                members=[0, 2, 3],
+            ),
+        ),
         Sample(
             "contribution-all-reduce-sum",
             "Rank 0's first chunk of a 10-element int32 SUM all-reduce in chunks of 4: elements "

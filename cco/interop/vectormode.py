@@ -209,7 +209,7 @@ def check_payload_failure(call: Call, v: Json) -> None:
     if stage == "combine":
         refused(call("combine", inputs=v["inputs"]), v["error_code"], "combine")
     elif stage == "verify":
-        args = {k: v[k] for k in ("own_rank", "own_values", "expected_header") if k in v}
+        args = {k: v[k] for k in ("own_rank", "own_values", "expected_header", "at_least") if k in v}
         response = call(
             "verify",
             group_secret=v["group_secret"],

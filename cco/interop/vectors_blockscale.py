@@ -74,6 +74,10 @@ def header_json(header: ChunkHeader) -> Vector:
         out["root"] = header.root
     if header.scales is not None:
         out |= {"width": header.width, "block_elements": header.block_elements, "scales": header.scales.hex()}
+    if header.members is not None:
+        out["members"] = header.members.hex()
+    if header.quorum is not None:
+        out |= {"quorum": header.quorum, "wait_ms": header.wait_ms}
     return out
 
 

@@ -94,6 +94,9 @@ def _header(
     width: int | None = None,
     block_elements: int | None = None,
     scales: Sequence[int] | None = None,
+    members: Sequence[int] | None = None,
+    quorum: int | None = None,
+    wait_ms: int | None = None,
 ) -> ChunkHeader:
     return ChunkHeader(
         group_id=group_id,
@@ -109,6 +112,9 @@ def _header(
         width=width,
         block_elements=block_elements,
         scales=None if scales is None else ref.pack(scales, 2),
+        members=None if members is None else bitmap_from_ranks(members),
+        quorum=quorum,
+        wait_ms=wait_ms,
     )
 
 
@@ -231,6 +237,22 @@ def tag_vectors() -> list[Vector]:
                 ReduceOp.SUM,
                 4,
             ).tolist(),
+        ),
+        _tag_vector(
+            "quorum_presence_pass",
+            "The presence pass of a quorum all-reduce: one int8 1 from rank 2.  m appends null (no "
+            "members) and [quorum, wait_ms] = [3, 250] after root.",
+            _header(dtype=DType.INT8, total=1, chunk=4, quorum=3, wait_ms=250),
+            2,
+            [1],
+        ),
+        _tag_vector(
+            "quorum_decided_members",
+            "A chunk of an operation its presence pass decided: m appends members (0d: ranks 0, 2 "
+            "and 3) and null after root.",
+            _header(total=2, chunk=4, members=[0, 2, 3]),
+            3,
+            [5, -5],
         ),
         _tag_vector(
             "barrier_no_elements",
@@ -444,6 +466,7 @@ def failure_vectors() -> list[Vector]:
     values = _values(honest).tolist()
     assert honest.tag is not None and parts[2].tag is not None
     everyone = list(world)
+    presence = _header(dtype=DType.INT8, total=1, chunk=4, quorum=3, wait_ms=250)
 
     def verify_failure(
         name: str, description: str, mutation: str, forged: ChunkMessage, check: str
@@ -496,6 +519,18 @@ def failure_vectors() -> list[Vector]:
             "combine ranks 0..2 only",
             combine(parts[:3], Result),
             "bitmap",
+        ),
+        _failure(
+            "presence_short_of_quorum",
+            "A presence pass's Result from ranks 0 and 1 only, where at_least 3 of ranks 0..3 "
+            "must be there: a quorum lets ranks be missing, but not more than it allows.",
+            "combine the presence passes of ranks 0 and 1 only",
+            stage="verify",
+            expected_ranks=everyone,
+            messages=[combine([seal(keys, presence, r, np.ones(1, dtype=np.int64)) for r in (0, 1)], Result)],
+            error=ErrorCode.VERIFICATION_FAILED,
+            check="bitmap",
+            extra={"at_least": 3},
         ),
         _failure(
             "identical_copy_refused_by_combine",
@@ -1069,6 +1104,7 @@ def _check_failure(v: Vector) -> list[str]:
     keys = derive_group_keys(from_hex(v["group_secret"]), from_hex(v["group_id"]))
     expected = frozenset(v["expected_ranks"])
     own = (v["own_rank"], np.array(v["own_values"], dtype=np.int64)) if "own_rank" in v else None
+    at_least = v.get("at_least")
     try:
         if v["stage"] == "combine":
             inputs = [decode_message(from_hex(m)) for m in v["inputs"]]
@@ -1077,7 +1113,7 @@ def _check_failure(v: Vector) -> list[str]:
             message = decode_message(from_hex(v["message"]))
             if not isinstance(message, ChunkMessage):
                 return ["message is not a chunk message"]
-            open_verified(keys, message, expected, own)
+            open_verified(keys, message, expected, own, at_least)
     except CcoError as error:
         problems = []
         if int(error.code) != v["error_code"] or error.code.name != v["error_name"]:

@@ -114,6 +114,8 @@ LAST_PART = "last part"
 RETRANSMISSION = "retransmission"
 CONFLICT = "conflicting part"
 HALF_TIMEOUT = "half timeout"
+WAIT_OVER = "quorum wait over"
+LATE_PART = "late part"
 ASKED_AGAIN = "RetransmitRequest"
 TIMEOUT = "timeout"
 ABORT = "abort"
@@ -191,10 +193,16 @@ SLOT_TABLE: TransitionTable[SlotState] = TransitionTable(
             RETRANSMISSION: _C,
             HALF_TIMEOUT: _C,
             ASKED_AGAIN: _C,
+            WAIT_OVER: SlotState.COMPLETE,
             TIMEOUT: _A,
             ABORT: _A,
         },
-        SlotState.COMPLETE: {RETRANSMISSION: SlotState.COMPLETE, ASKED_AGAIN: _C, ABORT: SlotState.COMPLETE},
+        SlotState.COMPLETE: {
+            RETRANSMISSION: SlotState.COMPLETE,
+            LATE_PART: SlotState.COMPLETE,
+            ASKED_AGAIN: _C,
+            ABORT: SlotState.COMPLETE,
+        },
         _A: {PART: _A, LAST_PART: _A, RETRANSMISSION: _A, ASKED_AGAIN: _A, ABORT: _A},
     },
 )
@@ -245,12 +253,18 @@ SlotKey = tuple[int, int]  # (op_id, chunk_index) within one group and epoch
 class _Slot:
     opened: float
     deadline: float
+    expected: frozenset[int]  # the ranks below this node the chunk waits for
     state: SlotState = SlotState.COLLECTING
     fingerprints: dict[str, bytes] = field(default_factory=dict)  # child node_id -> fingerprint
     received: frozenset[int] = frozenset()
     aggregate: ChunkMessage | None = None
     extended: bool = False  # already waited the extra half timeout for a silent aggregator child
     nudged: bool = False  # already asked the silent children to send again
+    quorum: int | None = None  # a presence pass: the fewest contributors it completes with
+    release_at: float | None = None  # a presence pass: when its wait for more contributors ends
+    wait_over: bool = False  # a presence pass past its wait: it goes on with a quorum
+    released: bool = False  # completed at the end of its wait, without every expected rank
+    waited_longer: bool = False  # already waited once more for a silent aggregator child
 
 
 @dataclass(slots=True)
@@ -443,6 +457,7 @@ class AggregatorMachine:
             if group.retry_at is not None:
                 times.append(group.retry_at)
             times.extend(slot.deadline for slot in group.slots.values())
+            times.extend(s.release_at for s in group.slots.values() if s.release_at is not None)
             times.extend(s.opened + group.timeout / 2 for s in group.slots.values() if not s.nudged)
         return min(times, default=None)
 
@@ -822,12 +837,14 @@ class AggregatorMachine:
                         f"(window {group.window})",
                     )
                 ]
-            slot = _Slot(opened=now, deadline=now + group.timeout)
+            slot = self._open_slot(group, message, now)
             group.slots[key] = slot
         digest = fingerprint(message)
         if child in slot.fingerprints:
             event = RETRANSMISSION if slot.fingerprints[child] == digest else CONFLICT
-        elif (slot.received | contributors) == group.expected:
+        elif slot.released:
+            event = LATE_PART
+        elif (slot.received | contributors) == slot.expected:
             event = LAST_PART
         else:
             event = PART
@@ -841,7 +858,9 @@ class AggregatorMachine:
                     f"chunk in place of one already taken",
                 )
             ]
-        if event == RETRANSMISSION or slot.state is SlotState.ABORTED:
+        if event in (RETRANSMISSION, LATE_PART) or slot.state is SlotState.ABORTED:
+            # a late part of a slot released at the end of its quorum wait is not
+            # counted: its ranks get the result without having contributed
             slot.state = SLOT_TABLE.next(slot.state, event)
             result = group.results.get(key) if slot.state is SlotState.COMPLETE else None
             return [] if result is None else [SendMessage(peer, result)]
@@ -870,7 +889,50 @@ class AggregatorMachine:
         slot.received |= contributors
         slot.state = SLOT_TABLE.next(slot.state, event)
         if event == PART:
-            return []
+            return self._release(group, key, slot) if self._releasable(group, slot) else []
+        return self._complete(group, key, slot)
+
+    def _open_slot(self, group: _Group, message: ChunkMessage, now: float) -> _Slot:
+        """A slot for the chunk ``message`` is the first part of: it waits for the ranks
+        below this node that the operation runs over (``members``, when the chunk
+        names them) and, for a presence pass, until its quorum wait ends."""
+        expected = group.expected
+        if message.members is not None:
+            expected &= ranks_from_bitmap(message.members)
+        slot = _Slot(opened=now, deadline=now + group.timeout, expected=expected)
+        if message.quorum is not None and message.wait_ms is not None:
+            slot.quorum = message.quorum
+            slot.release_at = now + message.wait_ms / 1000
+        return slot
+
+    def _releasable(self, group: _Group, slot: _Slot) -> bool:
+        """A presence pass whose wait is over goes on with the ranks it has: at once
+        below the root; at the root once they are a quorum."""
+        if slot.quorum is None or not slot.wait_over:
+            return False
+        assert group.assignment is not None
+        return group.assignment.parent is not None or len(slot.received) >= slot.quorum
+
+    def _release_due(self, group: _Group, now: float) -> list[Command]:
+        """Release the presence passes whose wait is over.  A slot still missing a whole
+        child aggregator waits once more as long: that child releases what its own
+        ranks sent at the end of its wait, which began no earlier than this one."""
+        out: list[Command] = []
+        for key, slot in list(group.slots.items()):
+            if slot.release_at is None or slot.release_at > now or slot.state is not SlotState.COLLECTING:
+                continue
+            if not slot.waited_longer and self._silent_aggregator_child(group, slot):
+                slot.waited_longer = True
+                slot.release_at = now + (slot.release_at - slot.opened)
+                continue
+            slot.wait_over, slot.release_at = True, None
+            if self._releasable(group, slot):
+                out += self._release(group, key, slot)
+        return out
+
+    def _release(self, group: _Group, key: SlotKey, slot: _Slot) -> list[Command]:
+        slot.state = SLOT_TABLE.next(slot.state, WAIT_OVER)
+        slot.released = True
         return self._complete(group, key, slot)
 
     def _complete(self, group: _Group, key: SlotKey, slot: _Slot) -> list[Command]:
@@ -922,9 +984,8 @@ class AggregatorMachine:
                 continue
             slot.nudged = True
             slot.state = SLOT_TABLE.next(slot.state, HALF_TIMEOUT)
-            for node_id in group.children:
-                if node_id not in slot.fingerprints:
-                    wanted.setdefault((node_id, op_id), []).append(index)
+            for node_id in self._owing(group, slot):
+                wanted.setdefault((node_id, op_id), []).append(index)
         return self._ask(group, wanted)
 
     def _asked_again(self, group: _Group, request: RetransmitRequest, now: float) -> list[Command]:
@@ -943,7 +1004,9 @@ class AggregatorMachine:
                 if len(group.slots) >= group.window:
                     continue
                 del group.record[key]
-                slot = _Slot(opened=now, deadline=now + group.timeout, state=SlotState.COMPLETE)
+                slot = _Slot(
+                    opened=now, deadline=now + group.timeout, expected=slot.expected, state=SlotState.COMPLETE
+                )
                 group.slots[key] = slot
             slot.state = SLOT_TABLE.next(slot.state, ASKED_AGAIN)
             if slot.state is SlotState.COLLECTING:
@@ -1183,6 +1246,7 @@ class AggregatorMachine:
             if group.retry_at is not None and group.retry_at <= now:
                 group.retry_at = None
                 out += self._group_event(group, PARENT_RETRY, now)
+            out += self._release_due(group, now)
             out += self._nudge(group, now)
             out += self._expire_slots(group, now)
         return out
@@ -1205,7 +1269,7 @@ class AggregatorMachine:
             open_slots = [(k, s) for k, s in group.slots.items() if k[0] == op_id]
             missing: set[int] = set()
             for _, slot in open_slots:
-                missing |= group.expected - slot.received
+                missing |= slot.expected - slot.received
             chunks = sorted(k[1] for k, _ in open_slots)
             for _, slot in open_slots:
                 slot.state = SLOT_TABLE.next(slot.state, TIMEOUT)
@@ -1216,14 +1280,18 @@ class AggregatorMachine:
             out += self._abort_op(group, op_id, ErrorCode.TIMEOUT, detail, frozenset(missing))
         return out
 
+    def _owing(self, group: _Group, slot: _Slot) -> list[str]:
+        """The children that have ranks the slot waits for and sent nothing for it."""
+        return [
+            node_id
+            for node_id, ranks in group.children.items()
+            if ranks & slot.expected and node_id not in slot.fingerprints
+        ]
+
     def _silent_aggregator_child(self, group: _Group, slot: _Slot) -> bool:
-        for node_id in group.children:
+        for node_id in self._owing(group, slot):
             peer = self._node_peer.get(node_id)
-            if (
-                node_id not in slot.fingerprints
-                and peer is not None
-                and self._peers[peer].role is Role.AGGREGATOR
-            ):
+            if peer is not None and self._peers[peer].role is Role.AGGREGATOR:
                 return True
         return False
 

@@ -71,7 +71,17 @@ from cco.nodes.events import (
     TimerFired,
 )
 from cco.nodes.fsm import TransitionTable
-from cco.nodes.operation import Operation, OperationState, digest, placement, propose, scale_pass, source_of
+from cco.nodes.operation import (
+    Operation,
+    OperationState,
+    Quorum,
+    digest,
+    placement,
+    presence_pass,
+    propose,
+    scale_pass,
+    source_of,
+)
 from cco.nodes.replies import clip, ranks_text, refuse
 from cco.wire import blockscale, payload
 from cco.wire.dtypes import ELEMENT_TYPES
@@ -243,7 +253,8 @@ _ENDINGS = {
 OPERATION_TABLE: TransitionTable[OperationState] = TransitionTable(
     "endpoint operation",
     {
-        _O.QUEUED: {SENT: _O.SENDING, ALL_SENT: _O.AWAITING, **_ENDINGS},
+        # a presence pass may complete before it sent: a quorum went on without this rank
+        _O.QUEUED: {SENT: _O.SENDING, ALL_SENT: _O.AWAITING, LAST_CHUNK: _O.COMPLETED, **_ENDINGS},
         _O.SENDING: {
             SENT: _O.SENDING,
             ALL_SENT: _O.AWAITING,
@@ -341,6 +352,12 @@ class CollectiveRequest:
     its block of ``block_elements`` elements on any rank, c the contributors and
     Q = floor(min(2^(width-1) - 1, B) / world_size) (draft section "Block Scales").
 
+    ``quorum`` chooses the quorum policy for an ALL_REDUCE (default: strict, every
+    accepted member contributes): the result is over at least ``quorum.min_ranks``
+    members, those that came within ``quorum.wait`` seconds, and
+    :class:`~cco.nodes.events.OperationCompleted` names them; AVG divides by their
+    number.  Every rank must pass the same policy.
+
     ``timeout`` in seconds bounds the whole operation.  None (the default) is a
     watchdog instead: the operation fails when none of its chunks completes for the
     group's operation timeout plus one heartbeat interval (so that the tree's Abort,
@@ -356,6 +373,7 @@ class CollectiveRequest:
     width: int | None = None
     timeout: float | None = None
     dtype: DType | None = None
+    quorum: Quorum | None = None
 
 
 TREE_FAILURES = frozenset({ErrorCode.PEER_LOST, ErrorCode.STALE_EPOCH})
@@ -521,9 +539,11 @@ class EndpointMachine:
             )
         sending = request.kind is not Collective.BROADCAST or root == self._rank
         shape = array.shape if array is not None else None
-        scale_id = self._next_op_id if scaled else None
-        self._next_op_id += 1 if scale_id is None else 2
+        presence_id = self._next_op_id if request.quorum is not None else None
+        scale_id = self._next_op_id + (presence_id is not None) if scaled else None
+        self._next_op_id += 1 + (presence_id is not None) + (scale_id is not None)
         op_id = self._next_op_id - 1
+        first = min(i for i in (presence_id, scale_id, op_id) if i is not None)
         refusal = self._refusal(op_id, request.kind)
         if refusal is not None:
             return op_id, [OperationFailed(op_id, refusal)]
@@ -560,13 +580,20 @@ class EndpointMachine:
             else:
                 operation.check_encodes()
         except CcoError as error:
-            first = scale_id if scale_id is not None else op_id
             return op_id, self._refuse_start(first, op_id, request.kind, error)
         out: list[Command] = []
+        passes: list[Operation] = []
         if operation.scaling is not None:
             assert scale_id is not None
-            out += self._begin(scale_pass(scale_id, operation), now)
-        out += self._begin(operation, now)
+            passes.append(scale_pass(scale_id, operation))
+        if request.quorum is not None:
+            assert presence_id is not None
+            presence = presence_pass(presence_id, operation, request.quorum, self._accepted)
+            presence.decides = tuple(p.op_id for p in [*passes, operation])
+            for gated in [*passes, operation]:
+                gated.gated = True
+            passes.insert(0, presence)
+        out += self._begin([*passes, operation], now)
         if operation.state not in _FINISHED:
             out += self._pump(now)
         return op_id, out
@@ -592,18 +619,21 @@ class EndpointMachine:
             )
         return None
 
-    def _begin(self, operation: Operation, now: float) -> list[Command]:
-        """Register an operation and replay what arrived for it before it started."""
-        self._ops[operation.op_id] = operation
+    def _begin(self, operations: list[Operation], now: float) -> list[Command]:
+        """Register a call's wire operations, then replay what arrived for them before
+        they started (a presence pass that completes so decides the ones after it)."""
+        for operation in operations:
+            self._ops[operation.op_id] = operation
+            if operation.source is None:
+                self._op_event(operation, ALL_SENT)
         out: list[Command] = []
-        if operation.source is None:
-            self._op_event(operation, ALL_SENT)
-        early = self._early.pop(operation.op_id, [])
-        self._early_count -= len(early)
-        for message in early:
-            if operation.state in _FINISHED:
-                break
-            out += self._on_op_message(operation, message, now)
+        for operation in operations:
+            early = self._early.pop(operation.op_id, [])
+            self._early_count -= len(early)
+            for message in early:
+                if operation.state in _FINISHED:
+                    break
+                out += self._on_op_message(operation, message, now)
         return out
 
     def leave(self, now: float) -> list[Command]:
@@ -1014,9 +1044,13 @@ class EndpointMachine:
             assert op.root is not None
             expected = frozenset({op.root})
         own = None
-        if op.op in CONSISTENCY_OPS:
+        if op.op in CONSISTENCY_OPS and op.source is not None:
             own = (self._rank, op.chunk_values(message.chunk_index))
-        return payload.open_verified(self._keys, message, expected, own)
+        if op.quorum is None:
+            return payload.open_verified(self._keys, message, expected, own)
+        values = payload.open_verified(self._keys, message, expected, own, at_least=op.quorum.min_ranks)
+        op.contributors = ranks_from_bitmap(message.contributors)
+        return values
 
     def _complete(self, op: Operation) -> list[Command]:
         result: np.ndarray | None = None
@@ -1025,6 +1059,14 @@ class EndpointMachine:
                 detail = f"decoding: {op.decode_error.detail}"
                 return self._finish_failed(op, BAD_CHUNK, op.decode_error.code, detail, None, tell_tree=False)
             assert op.result is not None
+            if op.quorum is not None:  # a presence pass: its contributors decide the members
+                self._release(op, LAST_CHUNK)
+                for decided in op.decides:
+                    if (gated := self._ops.get(decided)) is not None:
+                        gated.decide(op.contributors)
+                        if gated.source is None:
+                            self._op_event(gated, ALL_SENT)
+                return []
             if op.feeds is not None:  # a scale pass: its result is the data operation's scales
                 self._release(op, LAST_CHUNK)
                 data = self._ops.get(op.feeds)
@@ -1034,7 +1076,7 @@ class EndpointMachine:
             result = op.shaped_result()
         self._op_event(op, LAST_CHUNK)
         del self._ops[op.op_id]
-        return [OperationCompleted(op.op_id, result)]
+        return [OperationCompleted(op.op_id, result, op.listed)]
 
     def _progress(self, op: Operation, now: float) -> None:
         """A chunk completed: a watchdog deadline (no explicit timeout) moves on, for
@@ -1105,8 +1147,8 @@ class EndpointMachine:
     def _send_chunks(self, op: Operation, parent: PeerId, window: int, now: float) -> list[Command]:
         """Send ``op``'s next chunks while the window has room."""
         out: list[Command] = []
-        if op.interrupted is not None or (op.scaling is not None and op.scaling.agreed is None):
-            return []  # waiting for the next tree, or for the scale pass
+        if op.interrupted is not None or op.gated or (op.scaling is not None and op.scaling.agreed is None):
+            return []  # waiting for the next tree, the presence pass or the scale pass
         while op.source is not None and op.next_chunk < op.chunks and self._outstanding < window:
             try:
                 message = self._seal(op, op.next_chunk)
@@ -1123,7 +1165,7 @@ class EndpointMachine:
         assert self._keys is not None and self._rank is not None
         if op.epoch is None:
             op.epoch = self._epoch
-            op.members = self._members
+            op.members = op.listed if op.listed is not None else self._members
         cls: type[ChunkMessage] = BroadcastData if op.kind is Collective.BROADCAST else Contribution
         sealed = payload.seal(
             self._keys,
@@ -1238,11 +1280,10 @@ class EndpointMachine:
             # Other ranks may have finished their scale pass already: they hear of this
             # failure through an Abort of the data operation.
             data.epoch = op.epoch
-            failure = f"scale pass: {detail}"
+            failure = f"{'presence' if op.quorum is not None else 'scale'} pass: {detail}"
             return out + self._finish_failed(data, event, code, failure, missing, tell_tree=tell_tree)
-        scale_pass = self._ops.get(op.op_id - 1)
-        if scale_pass is not None and scale_pass.feeds == op.op_id:
-            self._release(scale_pass, LOST)
+        for wire_pass in [p for p in self._ops.values() if p.feeds == op.op_id]:
+            self._release(wire_pass, LOST)
         out.append(OperationFailed(op.op_id, self._error(op, code, detail, missing)))
         return out
 
@@ -1378,6 +1419,8 @@ class EndpointMachine:
             raise CcoError(ErrorCode.INVALID_FIELD, f"{kind.name} takes no reduction op")
         if request.timeout is not None and request.timeout <= 0:
             raise CcoError(ErrorCode.INVALID_FIELD, f"timeout {request.timeout} is not positive")
+        if request.quorum is not None:
+            self._check_quorum(kind, request.quorum)
         if kind is Collective.BARRIER:
             return DType.INT8, ReduceOp.SUM, None
         array = request.array
@@ -1396,6 +1439,20 @@ class EndpointMachine:
         if kind is Collective.REDUCE_SCATTER and array.size % world:
             raise CcoError(ErrorCode.INVALID_FIELD, f"{array.size} elements do not split into {world} parts")
         return dtype, request.op, request.root
+
+    def _check_quorum(self, kind: Collective, quorum: Quorum) -> None:
+        if kind is not Collective.ALL_REDUCE:
+            raise CcoError(
+                ErrorCode.UNSUPPORTED_FEATURE, f"the quorum policy is for ALL_REDUCE, not {kind.name}"
+            )
+        members = len(self._accepted)
+        if not 1 <= quorum.min_ranks <= members:
+            raise CcoError(
+                ErrorCode.INVALID_FIELD,
+                f"a quorum of {quorum.min_ranks} is not between 1 and the {members} members",
+            )
+        if not 0 < quorum.wait <= 86_400:
+            raise CcoError(ErrorCode.INVALID_FIELD, f"quorum wait {quorum.wait} s is not in (0, 86400]")
 
 
 __all__ = [

@@ -140,6 +140,7 @@ class OperationCompleted:
 
     op_id: int
     result: np.ndarray | None  # None for barrier and for non-root ranks of reduce
+    contributors: frozenset[int] | None = None  # the ranks a quorum ALL_REDUCE ran over
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,12 @@ result, an operation holds a few chunks' worth of memory, whatever the tensor si
 A float SUM or AVG also holds its :class:`Scaling`: this rank's proposed scale per
 block and, once its scale pass (:func:`scale_pass`, a separate wire operation) is
 verified, the agreed scales.
+
+An ALL_REDUCE under the :class:`Quorum` policy starts with a presence pass
+(:func:`presence_pass`): a one-element SUM that aggregators complete with the ranks
+that came within the wait.  Its verified contributors decide the members the
+operation (and its scale pass) then runs over, strictly, so every chunk of the
+operation has the same contributors and every block's scale is set by one of them.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from cco.wire import blockscale, payload
 from cco.wire.codec import decode_positions, encode_range, positions, wire_length
 from cco.wire.dtypes import ELEMENT_TYPES
 from cco.wire.errors import CcoError, ErrorCode
+from cco.wire.fields import bitmap_from_ranks
 from cco.wire.messages import chunk_count, chunk_length
 from cco.wire.registries import Collective, DType, ReduceOp
 
@@ -39,6 +46,25 @@ class OperationState(Enum):
     AWAITING = "awaiting"  # everything sent; waiting for verified results
     COMPLETED = "completed"  # every chunk verified and decoded (terminal)
     FAILED = "failed"  # aborted, timed out, failed verification or lost (terminal)
+
+
+@dataclass(frozen=True, slots=True)
+class Quorum:
+    """The quorum policy of one ALL_REDUCE (draft section "Stragglers and Quorum").
+
+    The operation completes over at least ``min_ranks`` of the accepted members:
+    each aggregator waits ``wait`` seconds from the first presence it sees for the
+    rest, then goes on with the ranks it has; later ranks get the result without
+    having contributed.  Fewer than ``min_ranks`` in time is the strict case: the
+    operation waits for the rest until its timeout, then fails naming them.
+    """
+
+    min_ranks: int
+    wait: float
+
+    @property
+    def wait_ms(self) -> int:
+        return max(1, round(self.wait * 1000))
 
 
 @dataclass(slots=True)
@@ -84,8 +110,13 @@ class Operation:
     decode_error: CcoError | None = None  # the first chunk that did not decode (see decode)
     members: frozenset[int] = frozenset()
     scaling: Scaling | None = None  # block-scaled data operations only
-    feeds: int | None = None  # a scale pass: the op_id of the data operation it agrees scales for
+    feeds: int | None = None  # a scale or presence pass: the op_id of the data operation it serves
     interrupted: str | None = None  # why it waits for the next tree before starting again
+    quorum: Quorum | None = None  # a presence pass
+    decides: tuple[int, ...] = ()  # a presence pass: the operations its contributors decide
+    contributors: frozenset[int] = frozenset()  # a presence pass: of its verified result
+    gated: bool = False  # waits for its presence pass
+    listed: frozenset[int] | None = None  # the members its presence pass decided (quorum only)
 
     def size(self, total: int, chunk_elements: int, members: frozenset[int]) -> None:
         self.total = total
@@ -93,6 +124,15 @@ class Operation:
         self.chunks = chunk_count(total, chunk_elements)
         if not self.members:
             self.members = members
+
+    def decide(self, members: frozenset[int]) -> None:
+        """Its presence pass decided the members: run over exactly those; a rank that
+        is not one of them only receives the result."""
+        self.members = self.listed = members
+        self.gated = False
+        if self.rank not in members:
+            self.source = None
+            self.placed = range(0)
 
     @property
     def receives(self) -> bool:
@@ -115,6 +155,10 @@ class Operation:
             chunk_index=index,
             root=self.root,
         )
+        if self.quorum is not None:
+            header = dataclasses.replace(header, quorum=self.quorum.min_ranks, wait_ms=self.quorum.wait_ms)
+        if self.listed is not None:
+            header = dataclasses.replace(header, members=bitmap_from_ranks(self.listed))
         scaling = self.scaling
         if scaling is None:
             return header
@@ -223,7 +267,8 @@ class Operation:
         self.next_chunk = 0
         self.verified.clear()
         self.result = self.decode_error = self.epoch = None
-        self.members = frozenset()
+        self.members = self.listed if self.listed is not None else frozenset()
+        self.contributors = frozenset()
 
 
 def source_of(array: np.ndarray | None) -> np.ndarray:
@@ -280,6 +325,30 @@ def scale_pass(op_id: int, data: Operation) -> Operation:
     )
     agreement.size(len(proposals), data.chunk_elements, data.members)
     return agreement
+
+
+def presence_pass(op_id: int, data: Operation, quorum: Quorum, members: frozenset[int]) -> Operation:
+    """The one-element SUM whose verified contributors decide ``data``'s members."""
+    presence = Operation(
+        op_id=op_id,
+        kind=Collective.ALL_REDUCE,
+        op=ReduceOp.SUM,
+        dtype=DType.INT8,
+        root=None,
+        rank=data.rank,
+        world_size=data.world_size,
+        total=1,
+        shape=(1,),
+        source=np.ones(1, dtype=np.int8),
+        placed=range(1),
+        deadline=data.deadline,
+        timeout=data.timeout,
+        watchdog=data.watchdog,
+        feeds=data.op_id,
+        quorum=quorum,
+    )
+    presence.size(1, data.chunk_elements, members)
+    return presence
 
 
 def digest(payload_bytes: bytes) -> bytes:

@@ -302,6 +302,12 @@ class ChunkMessage(Message):
     elements, one attestation integer per block.  The header fields (everything but
     contributors, payload and tag; width only for block-scaled chunks) identify the
     chunk and are bound into its tag.
+
+    An ALL_REDUCE under the quorum policy (draft section "Stragglers and Quorum")
+    adds two kinds of chunk: its presence pass carries ``quorum`` (the fewest
+    contributors it may complete with) and ``wait_ms`` (how long aggregators wait
+    for more), and the operations the presence pass decides carry ``members``, the
+    ranks they run over.
     """
 
     group_id: bytes = wire(1, _GROUP_ID)
@@ -322,6 +328,9 @@ class ChunkMessage(Message):
     block_elements: int | None = wire(
         16, UInt(minimum=MIN_BLOCK_ELEMENTS, maximum=MAX_BLOCK_ELEMENTS), optional=True
     )
+    members: bytes | None = wire(17, _RANK_BITMAP, optional=True)
+    quorum: int | None = wire(18, _WORLD_SIZE, optional=True)
+    wait_ms: int | None = wire(19, UInt(minimum=1, maximum=86_400_000), optional=True)
 
     @property
     def element_count(self) -> int:
@@ -364,6 +373,25 @@ class ChunkMessage(Message):
                 f"root must be {'present' if needs_root else 'absent'} for {self.kind.name}",
                 encoding,
             )
+        self._validate_quorum(where, encoding)
+
+    def _validate_quorum(self, where: str, encoding: bool) -> None:
+        """members, quorum and wait_ms: ALL_REDUCE only; quorum and wait_ms together, and
+        never with members; contributors within members."""
+        if self.members is None and self.quorum is None and self.wait_ms is None:
+            return
+        if self.kind is not Collective.ALL_REDUCE:
+            raise invalid(
+                where, f"members, quorum and wait_ms are for ALL_REDUCE, not {self.kind.name}", encoding
+            )
+        if (self.quorum is None) != (self.wait_ms is None):
+            raise invalid(where, "quorum and wait_ms come together", encoding)
+        if self.quorum is not None and self.members is not None:
+            raise invalid(where, "a presence pass (quorum) carries no members", encoding)
+        if self.members is not None:
+            members = int.from_bytes(self.members, "little")
+            if int.from_bytes(self.contributors, "little") & ~members:
+                raise invalid(where, "contributors outside members", encoding)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -64,6 +64,8 @@ class ChunkHeader:
     ``width``, ``block_elements`` and ``scales`` are set for block-scaled chunks
     only: their width is fixed by the operation, while other chunks are written at
     whatever width their integers need, which is not part of their identity.
+    ``members``, ``quorum`` and ``wait_ms`` are set for the chunks of a quorum
+    ALL_REDUCE only (its presence pass, and the operations it decides).
     """
 
     group_id: bytes
@@ -79,6 +81,9 @@ class ChunkHeader:
     width: int | None = None
     block_elements: int | None = None
     scales: bytes | None = None
+    members: bytes | None = None
+    quorum: int | None = None
+    wait_ms: int | None = None
 
     @classmethod
     def of(cls, message: ChunkMessage) -> ChunkHeader:
@@ -104,25 +109,30 @@ class ChunkHeader:
 
     def chunk_id(self) -> bytes:
         """m: the deterministic CBOR array of the identifying fields, with
-        [width, block_elements, scales] (or null) in the seventh place."""
+        [width, block_elements, scales] (or null) in the seventh place; a chunk of a
+        quorum ALL_REDUCE appends members (or null) and [quorum, wait_ms] (or null)."""
         scaling: list[cbor.CborValue] | None = None
         if self.width is not None:
             scaling = [self.width, self.block_elements, self.scales]
-        return cbor.encode(
-            [
-                self.group_id,
-                self.epoch,
-                self.op_id,
-                int(self.kind),
-                int(self.op),
-                int(self.dtype),
-                scaling,
-                self.total_elements,
-                self.chunk_elements,
-                self.chunk_index,
-                self.root,
-            ]
-        )
+        fields: list[cbor.CborValue] = [
+            self.group_id,
+            self.epoch,
+            self.op_id,
+            int(self.kind),
+            int(self.op),
+            int(self.dtype),
+            scaling,
+            self.total_elements,
+            self.chunk_elements,
+            self.chunk_index,
+            self.root,
+        ]
+        if self.members is not None or self.quorum is not None:
+            presence: list[cbor.CborValue] | None = None
+            if self.quorum is not None:
+                presence = [self.quorum, self.wait_ms]
+            fields += [self.members, presence]
+        return cbor.encode(fields)
 
     def check(self) -> None:
         """Refuse a kind, op and dtype that do not fit together, and block scaling
@@ -155,6 +165,9 @@ _IDENTITY = (
     "root",
     "block_elements",
     "scales",
+    "members",
+    "quorum",
+    "wait_ms",
 )
 _identity = attrgetter(*_IDENTITY)
 """The identifying fields of a header or chunk message besides width, as a tuple
@@ -351,10 +364,13 @@ def open_verified(
     message: ChunkMessage,
     expected: frozenset[int],
     own: tuple[int, np.ndarray] | None = None,
+    at_least: int | None = None,
 ) -> np.ndarray:
     """The chunk's int64 element integers once every check passed.
 
-    Checks: the contributors are exactly ``expected`` (detail "bitmap"); for
+    Checks: the contributors are exactly ``expected`` (detail "bitmap"), or with
+    ``at_least`` (the presence pass of a quorum ALL_REDUCE) at least that many of
+    ``expected``; for
     verifiable ops every integer is within [-B, B] ("range") and the tag matches
     ("tag"); for block-scaled chunks every block's attestations sum to between 1
     and the number of contributors ("attestation": the block's agreed scale was
@@ -367,11 +383,11 @@ def open_verified(
     header = ChunkHeader.of(message)
     header.check()
     ranks = ranks_from_bitmap(message.contributors)
-    if ranks != expected:
-        extra, missing = sorted(ranks - expected), sorted(expected - ranks)
-        raise CcoError(
-            ErrorCode.VERIFICATION_FAILED, f"bitmap: unexpected ranks {extra}, missing ranks {missing}"
-        )
+    extra, missing = sorted(ranks - expected), sorted(expected - ranks)
+    if extra or (missing and (at_least is None or len(ranks) < at_least)):
+        quorum = "" if at_least is None else f" (a quorum of {at_least} needed)"
+        detail = f"bitmap: unexpected ranks {extra}, missing ranks {missing}{quorum}"
+        raise CcoError(ErrorCode.VERIFICATION_FAILED, detail)
 
     values = check_encoding(message, header)
     verifiable = OPS[header.op].verifiable
