@@ -283,3 +283,30 @@ def test_a_members_small_max_message_size_lowers_the_groups_chunk_size(pki: Path
             assert all(np.array_equal(r, data * 2) for r in results)
 
     run(scenario)
+
+
+def test_quorum_all_reduce_over_real_connections_goes_on_without_a_late_rank(pki: Path) -> None:
+    """Two ranks complete without waiting for the third, which was late; it gets the
+    same verified result without having contributed, and the next (strict) operation
+    counts everybody again."""
+
+    async def scenario() -> None:
+        async with Cluster(pki) as cluster:
+            comms = await cluster.join(3)
+            data = [np.arange(6, dtype=np.float32) * (c.rank + 1) for c in comms]
+            quorum = [
+                asyncio.ensure_future(c.all_reduce_quorum(d, min_ranks=2, wait=0.3))
+                for c, d in zip(comms[:2], data[:2], strict=True)
+            ]
+            done, _ = await asyncio.wait(quorum, timeout=5)
+            assert len(done) == 2  # within the wait, not the 10 s operation timeout
+            late = await comms[2].all_reduce_quorum(data[2], min_ranks=2, wait=0.3)
+            results = [q.result() for q in quorum] + [late]
+            for partial in results:
+                assert partial.contributors == {0, 1}
+                assert partial.array.tobytes() == results[0].array.tobytes()
+            assert np.allclose(results[0].array, data[0] + data[1], rtol=1e-6)
+            everyone = await asyncio.gather(*[c.all_reduce(d) for c, d in zip(comms, data, strict=True)])
+            assert all(np.allclose(r, data[0] + data[1] + data[2], rtol=1e-6) for r in everyone)
+
+    run(scenario)
