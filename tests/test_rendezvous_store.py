@@ -16,7 +16,7 @@ import pytest
 from test_rendezvous import GID, Harness
 from test_rendezvous_persistence import GRACE, VersionedHarness, formed
 
-from cco.nodes.events import Command, Input, MessageReceived, SendMessage
+from cco.nodes.events import Command, Input, MessageReceived, PeerDisconnected
 from cco.nodes.rendezvous import DurableState, RendezvousMachine
 from cco.services.store import (
     APPLICATION_ID,
@@ -29,7 +29,7 @@ from cco.services.store import (
 )
 from cco.transport import create_dev_pki
 from cco.wire.errors import ErrorCode
-from cco.wire.messages import Capabilities, Heartbeat, JoinAccept, Leave
+from cco.wire.messages import Capabilities, Heartbeat, Leave
 from cco.wire.registries import Collective, DType, ReduceOp, Role
 
 
@@ -102,7 +102,7 @@ def test_saving_writes_only_what_changed_in_one_transaction() -> None:
 
 
 def test_each_change_is_stored_before_its_commands_are_handed_out_and_heartbeats_write_nothing() -> None:
-    h = VersionedHarness()
+    h = VersionedHarness()  # group GID of 4
     store = RendezvousStore(MEMORY)
     persistent = PersistentRendezvous(h.rv, store)
     saved: list[int] = []
@@ -110,31 +110,33 @@ def test_each_change_is_stored_before_its_commands_are_handed_out_and_heartbeats
     def feed(event: Input) -> list[Command]:
         before = store.transactions
         cmds = persistent.handle(event, h.now)
-        accepts = [
-            c.message for c in cmds if isinstance(c, SendMessage) and isinstance(c.message, JoinAccept)
-        ]
-        stored = {m.node_id: (m.rank, m.epoch) for g in store.load().groups for m in g.members}
-        for accept in accepts:  # what a member is told is in the store already
-            assert (accept.rank, accept.epoch) in stored.values()
+        # whatever the commands announce, the store holds already: all the machine knows
+        assert store.load() == persistent.machine.durable_state()
         saved.append(store.transactions - before)
         return cmds
 
     h.rv = persistent  # type: ignore[assignment]
     h.feed = feed  # type: ignore[method-assign]
     h.aggregator("a0", capacity=1, fan_in=4)
-    h.endpoint("e0")
-    h.endpoint("e1")
-    assert saved == [0, 1, 0, 1, 0, 1]  # connections write nothing; register and joins one each
+    h.aggregator("a1", capacity=1, fan_in=4)
+    for i in range(4):
+        h.endpoint(f"e{i}")
+    assert saved == [0, 1] * 6  # connections write nothing; each registration and join once
+    tree = persistent.machine.status().groups[0].tree
+    assert tree is not None
     saved.clear()
     for _ in range(3):
-        for peer in ("a0", "e0", "e1"):
+        for peer in ("a0", "a1", "e0", "e1", "e2", "e3"):
             h.send(peer, Heartbeat(seq=1))
         h.tick(1.0)
-    assert saved == [0] * 12
+    assert saved == [0] * 21
     saved.clear()
-    h.send("e1", Leave(group_id=GID, rank=1, code=ErrorCode.NO_ERROR))
-    assert saved == [1]
-    assert persistent.machine.durable_state() == store.load()
+    (used,) = tree.aggregator_ids
+    h.feed(PeerDisconnected(used, ErrorCode.PEER_LOST))  # re-planned onto the other one
+    h.send("e3", Leave(group_id=GID, rank=3, code=ErrorCode.NO_ERROR))
+    assert saved == [1, 1]
+    replanned = persistent.machine.status().groups[0].tree
+    assert replanned is not None and replanned.aggregator_ids == {"a0", "a1"} - {used}
 
 
 def test_a_failed_save_withholds_the_commands_and_stops_the_machine() -> None:

@@ -413,6 +413,7 @@ class PersistentRendezvous:
         self.store = store
         self.on_failure = on_failure
         self.failure: StoreError | None = None
+        store.save(machine.durable_state())  # groups of the configuration, new since the last run
         self._saved = machine.durable_version
 
     @classmethod
