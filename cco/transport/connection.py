@@ -23,6 +23,18 @@ What aioquic 1.7 does not offer through its public API, and how we get it:
 5. **Send progress.**  :attr:`CcoQuicConnection.stream_bytes_sent` and
    :attr:`~CcoQuicConnection.bytes_in_flight` let the adapter wait for queued data
    to leave (``drain()``) and be acknowledged (a flushing close).
+6. **Fewer ACK-only packets.**  aioquic acknowledges every ack-eliciting packet
+   1 ms after it arrives, in a packet of its own unless data happens to leave at
+   that moment.  CCO traffic is mostly request and answer (a Contribution, then
+   its Result), so almost every message cost a second, ACK-only packet each way,
+   with a timer wake-up for it: on loopback close to half of all packets of an
+   8-byte all-reduce, and as much CPU per packet as a data packet.  Here an ACK
+   rides on the next data we send (any ``send_stream_data`` makes it due at once),
+   is sent at once after every :data:`ACK_EVERY` ack-eliciting packets (RFC 9000,
+   section 13.2.2: bulk transfers keep their ACK clock), and otherwise waits at
+   most :data:`ACK_DELAY`, within the ``max_ack_delay`` of 25 ms that aioquic
+   advertises, so the peer's RTT estimate (which subtracts the delay we report)
+   and its probe timeout allow for it.
 
 Our server passes aioquic no session-ticket handler, so it issues no tickets: a
 resumed session would skip the client certificate.  Every connection is a full
@@ -31,7 +43,8 @@ handshake, and there is no 0-RTT.
 These rely on aioquic internals (checked with 1.7.2, and exercised by the
 transport tests): ``QuicConnection._initialize``,
 ``_get_or_create_stream_for_send``, ``QuicStreamSender._buffer``, ``_local_max_data``,
-``_remote_max_data_used``, ``_loss.bytes_in_flight``, ``_close_event`` and the TLS
+``_remote_max_data_used``, ``_loss.bytes_in_flight``, ``_close_event``,
+``_ack_delay``, ``_spaces``, ``_payload_received``, ``_write_ack_frame`` and the TLS
 context's ``_request_client_certificate`` and ``_peer_certificate(_chain)``.
 
 A refused handshake is closed with CRYPTO_ERROR plus the TLS alert (RFC 9001,
@@ -47,14 +60,21 @@ from typing import Any
 from aioquic import tls
 from aioquic.quic import events
 from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.connection import Limit, QuicConnection
+from aioquic.quic.connection import Limit, QuicConnection, QuicReceiveContext
 from aioquic.quic.packet import QuicErrorCode, QuicFrameType
+from aioquic.quic.packet_builder import QuicPacketBuilder
+from aioquic.quic.recovery import QuicPacketSpace
 from aioquic.quic.stream import QuicStream
 from cryptography import x509
 
 from cco.transport.certs import NodeIdentity, identity_from_certificate
 from cco.transport.sendbuffer import SendBuffer
 from cco.wire.errors import CcoError
+
+ACK_DELAY = 0.020
+"""Seconds an ACK may wait for data to ride on (aioquic: 1 ms; advertised maximum 25 ms)."""
+ACK_EVERY = 2
+"""Ack-eliciting 1-RTT packets after which an ACK leaves at once."""
 
 
 class ReceiveCredit(Limit):
@@ -115,6 +135,8 @@ class CcoQuicConnection(QuicConnection):
         self.peer_identity: NodeIdentity | None = None
         self._expected_node_id = expected_node_id
         self._refused = False
+        self._ack_delay = ACK_DELAY
+        self._unacknowledged = 0  # ack-eliciting 1-RTT packets received since our last ACK
 
     @property
     def stream_bytes_sent(self) -> int:
@@ -135,6 +157,30 @@ class CcoQuicConnection(QuicConnection):
         """
         result: events.ConnectionTerminated | None = self._close_event
         return result
+
+    def send_stream_data(self, stream_id: int, data: bytes, end_stream: bool = False) -> None:
+        """Queue stream data; an ACK we owe the peer leaves with it, not after it."""
+        super().send_stream_data(stream_id, data, end_stream)
+        space = self._spaces.get(tls.Epoch.ONE_RTT)
+        if space is not None and space.ack_at is not None:
+            space.ack_at = 0.0  # due: the next packet built carries it
+
+    def _payload_received(
+        self, context: QuicReceiveContext, plain: bytes, crypto_frame_required: bool = False
+    ) -> tuple[bool, bool]:
+        is_ack_eliciting, is_probing = super()._payload_received(
+            context, plain, crypto_frame_required=crypto_frame_required
+        )
+        if is_ack_eliciting and context.epoch == tls.Epoch.ONE_RTT:
+            self._unacknowledged += 1
+            if self._unacknowledged >= ACK_EVERY:
+                self._spaces[tls.Epoch.ONE_RTT].ack_at = context.time
+        return is_ack_eliciting, is_probing
+
+    def _write_ack_frame(self, builder: QuicPacketBuilder, space: QuicPacketSpace, now: float) -> None:
+        super()._write_ack_frame(builder=builder, space=space, now=now)
+        if space is self._spaces.get(tls.Epoch.ONE_RTT):
+            self._unacknowledged = 0
 
     def _get_or_create_stream_for_send(self, stream_id: int) -> QuicStream:
         stream: QuicStream = super()._get_or_create_stream_for_send(stream_id)
