@@ -469,6 +469,7 @@ class CcoCluster:
         rendezvous = f"{self.host}:{RENDEZVOUS_PORT if hub else _free_port()}"
         listen = f"{self.host}:{AGGREGATOR_PORT if hub else _free_port()}"
         rendezvous_args = ["--role", "rendezvous", "--node-id", "rendezvous", "--listen", rendezvous]
+        rendezvous_args += ["--store", ":memory:"]  # nothing kept from an earlier run
         self._services.append(
             (
                 "rendezvous",

@@ -112,6 +112,7 @@ def node_argv(role: str) -> list[str]:
             _env("WORLD_SIZE"),
         ]
         argv += ["--credential", os.environ.get("CREDENTIAL", ""), "--dynamic-groups", "false"]
+        argv += ["--store", ":memory:"]  # one rendezvous per case: no state from an earlier case
         argv += _optional(
             {
                 "HEARTBEAT_MS": "--heartbeat-ms",
