@@ -47,9 +47,8 @@ def _rounds(cluster: LocalCluster, rank: int) -> int:
     return int(done[-1]) if done else 0
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(60)  # about 25 s here
 def test_a_rendezvous_killed_and_restarted_mid_run_loses_no_group(tmp_path: Path) -> None:
-    started = time.monotonic()
     spec = ClusterSpec(
         aggregators=AGGREGATORS,
         endpoints=RANKS,
@@ -104,4 +103,3 @@ def test_a_rendezvous_killed_and_restarted_mid_run_loses_no_group(tmp_path: Path
             rank.send_signal(signal.SIGTERM)
         assert [rank.wait(15) for rank in ranks] == [0] * RANKS
     assert log_problems(sorted(tmp_path.glob("*.log"))) == [], "no node logged an ERROR or a traceback"
-    assert time.monotonic() - started < 60
