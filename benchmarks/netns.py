@@ -361,6 +361,7 @@ RENDEZVOUS_PORT = 4433
 AGGREGATOR_PORT = 4500
 RELAY_PORT = 4600
 RELAY = Path(__file__).resolve().parent / "relay.py"
+UNTAGGED = Path(__file__).resolve().parent / "untagged.py"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -377,6 +378,8 @@ class CcoSettings:
     """One-way delay added each way between endpoints and aggregator (``relay.py``)."""
     wan_loss: float = 0.0
     """Loss probability each way between endpoints and aggregator (``relay.py``)."""
+    untagged: bool = False
+    """Endpoints run through ``untagged.py``: every MAC tag zero (the "tags off" side)."""
 
     @property
     def wan(self) -> bool:
@@ -533,7 +536,8 @@ class CcoCluster:
             args += ["--rounds", str(rounds), "--elements", str(elements)]
             args += ["--results", str(self.workdir / f"{name}.json"), *self.settings.common_args()]
             namespace = self.star.endpoint_ns[i] if self.star is not None else None
-            processes.append((name, self._spawn(namespace, name, args)))
+            program = [sys.executable, str(UNTAGGED)] if self.settings.untagged else None
+            processes.append((name, self._spawn(namespace, name, args, program)))
         deadline = started + timeout
         failed = []
         cpu = []
