@@ -106,6 +106,8 @@ class LocalCluster:
         nodes += [(f"agg-{i}", Role.AGGREGATOR) for i in range(self.spec.aggregators)]
         nodes += [(f"ep-{i}", Role.ENDPOINT) for i in range(self.spec.endpoints)]
         create_dev_pki(self.pki, nodes)
+        for stale in (self.store, self.store.with_name(self.store.name + "-wal")):
+            stale.unlink(missing_ok=True)  # a new cluster: no groups of an earlier run in this work dir
         self._infra.append(self._spawn("rendezvous", self._rendezvous_args()))
         self._wait_for_line(self._infra[0], "listening", timeout)
         for i in range(self.spec.aggregators):

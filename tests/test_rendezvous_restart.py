@@ -23,9 +23,11 @@ from pathlib import Path
 
 import pytest
 from logcheck import log_problems
+from test_rendezvous_persistence import formed
 
 from cco.localcluster import ClusterSpec, LocalCluster
 from cco.nodes.rendezvous import LOSS_INTERVALS, RESUME_REDIAL_GAP
+from cco.services.store import RendezvousStore
 
 RANKS = 4
 AGGREGATORS = 3
@@ -103,3 +105,14 @@ def test_a_rendezvous_killed_and_restarted_mid_run_loses_no_group(tmp_path: Path
             rank.send_signal(signal.SIGTERM)
         assert [rank.wait(15) for rank in ranks] == [0] * RANKS
     assert log_problems(sorted(tmp_path.glob("*.log"))) == [], "no node logged an ERROR or a traceback"
+
+
+def test_a_new_local_cluster_does_not_restore_an_earlier_run_in_its_work_dir(tmp_path: Path) -> None:
+    earlier = RendezvousStore(tmp_path / "rendezvous.sqlite3")
+    earlier.save(formed().rv.durable_state())  # groups and registrations of an earlier run
+    earlier.close()
+    with LocalCluster(ClusterSpec(aggregators=1, endpoints=0), tmp_path) as cluster:
+        cluster.start()
+        assert "listening" in cluster.log("rendezvous") and "restored" not in cluster.log("rendezvous")
+        cluster.restart_rendezvous(signal.SIGKILL)  # a restart of the same cluster does restore
+        assert "restored 0 groups and 1 aggregator registrations" in cluster.log("rendezvous")
