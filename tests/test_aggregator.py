@@ -680,7 +680,29 @@ def test_below_the_root_a_presence_pass_goes_up_with_what_came_in_time() -> None
     rig.send("ep0", chunk(0, quorum=2))  # a quorum is the root's to judge
     (partial,) = sent(rig.timer(WAIT), parent, PartialAggregate)
     assert ranks_from_bitmap(partial.contributors) == {0} and partial.quorum == 2
-    assert sent(rig.send("ep1", chunk(1, quorum=2)), parent) == []  # late: not sent up
+    # late here is not necessarily late at the root, which may still lack its quorum:
+    late = chunk(1, quorum=2)
+    (up,) = sent(rig.send("ep1", late), parent, PartialAggregate)
+    assert ranks_from_bitmap(up.contributors) == {1} and up.payload == late.payload
+    assert sent(rig.send("ep1", late), parent) == []  # a copy goes up once
+    result = payload.combine([partial, up], Result)
+    rig.feed(MessageReceived(parent, result))
+    assert sent(rig.send("ep1", late), "ep1", Result) == [result]  # once the result is known
+
+
+def test_the_root_takes_the_late_ranks_a_child_aggregator_sends_while_short_of_its_quorum() -> None:
+    rig = Rig()
+    rig.register()
+    rig.connect("ep0")
+    rig.connect("mid", role=Role.AGGREGATOR)
+    rig.rendezvous(assignment({"ep0": [0], "mid": [1, 2]}))
+    rig.send("mid", _retype(chunk(1, quorum=3), PartialAggregate))  # mid went on with rank 1
+    assert sent(rig.timer(2 * WAIT), None, Result) == []  # 1 of 3 at the end of the waits
+    assert sent(rig.send("ep0", chunk(0, quorum=3)), None, Result) == []
+    again = rig.send("mid", _retype(chunk(1, quorum=3), PartialAggregate))
+    assert errors(again) == [] and sent(again, None, Result) == []  # a copy: not counted twice
+    out = rig.send("mid", _retype(chunk(2, quorum=3), PartialAggregate))  # rank 2, late at mid
+    assert [ranks_from_bitmap(m.contributors) for m in sent(out, "ep0", Result)] == [{0, 1, 2}]
 
 
 def test_a_presence_pass_waits_once_more_for_a_silent_child_aggregator() -> None:

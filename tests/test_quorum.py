@@ -153,3 +153,21 @@ def test_quorum_counts_a_rank_late_by_less_than_the_wait() -> None:
     _, outcomes = _late(Quorum(min_ranks=4, wait=1.0), late_by=0.2, seed=6)
     for outcome in completed(outcomes).values():
         assert outcome.contributors == frozenset(range(WORLD))
+
+
+def test_quorum_is_not_lost_to_one_early_rank() -> None:
+    """Rank 0 comes long before the others: its leaf goes on with it alone, so the
+    others are late there, but not at the root, which still lacks its quorum and takes
+    them as they come up."""
+    d = deploy(seed=7)
+    quorum = Quorum(min_ranks=6, wait=WAIT)
+    op_ids = d.start(GROUP, {0: request(0, quorum)})
+    d.cluster.run(lambda: False, duration=4 * WAIT)
+    op_ids |= d.start(GROUP, {r: request(r, quorum) for r in range(1, WORLD)})
+    done = completed(wait_for(d, op_ids))
+    contributors = {o.contributors for o in done.values()}
+    assert len(contributors) == 1
+    (ranks,) = contributors
+    assert ranks is not None and 0 in ranks and len(ranks) >= quorum.min_ranks
+    want = np.stack([data(r).astype(np.int64) for r in sorted(ranks)]).sum(0)
+    assert all(o.result is not None and o.result.tolist() == want.tolist() for o in done.values())

@@ -265,6 +265,7 @@ class _Slot:
     wait_over: bool = False  # a presence pass past its wait: it goes on with a quorum
     released: bool = False  # completed at the end of its wait, without every expected rank
     waited_longer: bool = False  # already waited once more for a silent aggregator child
+    more: set[bytes] = field(default_factory=set)  # a presence pass: later parts of children that sent one
 
 
 @dataclass(slots=True)
@@ -840,8 +841,10 @@ class AggregatorMachine:
             slot = self._open_slot(group, message, now)
             group.slots[key] = slot
         digest = fingerprint(message)
-        if child in slot.fingerprints:
-            event = RETRANSMISSION if slot.fingerprints[child] == digest else CONFLICT
+        if child in slot.fingerprints and (slot.fingerprints[child] == digest or digest in slot.more):
+            event = RETRANSMISSION
+        elif child in slot.fingerprints and not self._another_part(slot, contributors):
+            event = CONFLICT
         elif slot.released:
             event = LATE_PART
         elif (slot.received | contributors) == slot.expected:
@@ -858,9 +861,10 @@ class AggregatorMachine:
                     f"chunk in place of one already taken",
                 )
             ]
-        if event in (RETRANSMISSION, LATE_PART) or slot.state is SlotState.ABORTED:
-            # a late part of a slot released at the end of its quorum wait is not
-            # counted: its ranks get the result without having contributed
+        if event == LATE_PART:
+            slot.state = SLOT_TABLE.next(slot.state, event)
+            return self._late(group, key, slot, peer, child, message, digest)
+        if event == RETRANSMISSION or slot.state is SlotState.ABORTED:
             slot.state = SLOT_TABLE.next(slot.state, event)
             result = group.results.get(key) if slot.state is SlotState.COMPLETE else None
             return [] if result is None else [SendMessage(peer, result)]
@@ -885,12 +889,53 @@ class AggregatorMachine:
             return [refuse(peer, message, error.code, error.detail)]
         self._account(len(merged.payload) - (len(slot.aggregate.payload) if slot.aggregate else 0))
         slot.aggregate = merged
-        slot.fingerprints[child] = digest
+        self._note(slot, child, digest)
         slot.received |= contributors
         slot.state = SLOT_TABLE.next(slot.state, event)
         if event == PART:
             return self._release(group, key, slot) if self._releasable(group, slot) else []
         return self._complete(group, key, slot)
+
+    @staticmethod
+    def _another_part(slot: _Slot, contributors: frozenset[int]) -> bool:
+        """A presence pass takes more than one part from a child: a child aggregator sends
+        the ranks that came after its own wait as they come.  They are new ranks."""
+        return slot.quorum is not None and not contributors & slot.received
+
+    @staticmethod
+    def _note(slot: _Slot, child: str, digest: bytes) -> None:
+        if child in slot.fingerprints:
+            slot.more.add(digest)
+        else:
+            slot.fingerprints[child] = digest
+
+    def _late(
+        self,
+        group: _Group,
+        key: SlotKey,
+        slot: _Slot,
+        peer: PeerId,
+        child: str,
+        message: ChunkMessage,
+        digest: bytes,
+    ) -> list[Command]:
+        """A part of a presence pass that went on without it.  The root does not count
+        it: the rank gets the Result without having contributed.  Below the root it goes
+        up as it is, in case the root is still short of its quorum (a rank that was
+        early at this node makes the others late here, not necessarily at the root)."""
+        result = group.results.get(key)
+        if result is not None:
+            return [SendMessage(peer, result)]
+        assert group.assignment is not None
+        if group.assignment.parent is None:
+            return []
+        try:
+            payload.check_part(message)
+        except CcoError as error:
+            return [refuse(peer, message, error.code, error.detail)]
+        self._note(slot, child, digest)
+        slot.received |= ranks_from_bitmap(message.contributors)
+        return self._send_up(group, _retype(message, PartialAggregate))
 
     def _open_slot(self, group: _Group, message: ChunkMessage, now: float) -> _Slot:
         """A slot for the chunk ``message`` is the first part of: it waits for the ranks
