@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import sqlite3
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from test_rendezvous import GID, Harness
 from test_rendezvous_persistence import GRACE, VersionedHarness, formed
 
+from cco.localcluster import free_udp_port
 from cco.nodes.events import Command, Input, MessageReceived, PeerDisconnected
 from cco.nodes.rendezvous import DurableState, RendezvousMachine
 from cco.services.store import (
@@ -252,7 +255,7 @@ def test_the_rendezvous_process_refuses_a_bad_store_in_one_line(tmp_path: Path) 
     bad = tmp_path / "bad.sqlite3"
     bad.write_bytes(b"garbage" * 1000)
     argv = ["--role", "rendezvous", "--node-id", "rendezvous", "--pki-dir", str(tmp_path / "pki")]
-    argv += ["--listen", "127.0.0.1:0", "--store", str(bad)]
+    argv += ["--listen", f"127.0.0.1:{free_udp_port()}", "--store", str(bad)]
     out = subprocess.run(
         [sys.executable, "-m", "cco.cli", *argv], capture_output=True, text=True, timeout=60, env=os.environ
     )
@@ -268,3 +271,28 @@ def test_the_rendezvous_option_is_documented() -> None:
         [sys.executable, "-m", "cco.cli", "--help"], capture_output=True, text=True, timeout=60
     )
     assert "--store" in out.stdout and ":memory:" in out.stdout and "--resume-grace-ms" in out.stdout
+
+
+def test_the_rendezvous_process_keeps_its_store_in_the_default_place(tmp_path: Path) -> None:
+    create_dev_pki(tmp_path / "pki", [("rendezvous", Role.RENDEZVOUS)])
+    env = {k: v for k, v in os.environ.items() if k != "CCO_STORE"} | {
+        "XDG_STATE_HOME": str(tmp_path / "state")
+    }
+    argv = ["--role", "rendezvous", "--node-id", "rendezvous", "--pki-dir", str(tmp_path / "pki")]
+    log = tmp_path / "rendezvous.log"
+    with open(log, "w") as handle:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "cco.cli", *argv, "--listen", f"127.0.0.1:{free_udp_port()}"],
+            stderr=handle,
+            env=env,
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while "listening" not in log.read_text() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(15) == 0
+    expected = tmp_path / "state" / "cco" / "rendezvous-rendezvous.sqlite3"
+    assert f"(store {expected})" in log.read_text()
+    assert RendezvousStore(expected).load() == DurableState()

@@ -112,6 +112,10 @@ async def run_rendezvous(cfg: NodeConfig) -> int:
     announced; a store that cannot be written stops the rendezvous with status 1
     (its peers come back to the next one, which starts from the last saved state)."""
     node_id = cfg.require("node_id")
+    try:
+        host, port = parse_hostport(cfg.listen)
+    except ValueError as exc:
+        raise CcoError(ErrorCode.INVALID_FIELD, f"--listen: {exc}") from None
     params = GroupParams(
         chunk_elements=cfg.chunk_elements,
         window=cfg.window,
@@ -157,7 +161,6 @@ async def run_rendezvous(cfg: NodeConfig) -> int:
             for line in stored_groups(machine.machine.durable_state()):
                 log.info("restored %s", line)
         service = NodeService(machine, node_id, Role.RENDEZVOUS, transport)
-        host, port = parse_hostport(cfg.listen)
         address = await service.listen(host, port)
         service.runner.execute_all([])  # arms the end of the grace period, should nobody come back
         log.info("rendezvous %s listening on %s:%d (store %s)", node_id, *address[:2], store.path)
