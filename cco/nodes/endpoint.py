@@ -783,31 +783,27 @@ class EndpointMachine:
 
     def _on_resume_answer(self, message: JoinAccept | JoinReject | Error, now: float) -> list[Command]:
         """The rendezvous's answer to the resuming JoinRequest: the same rank, group
-        secret and world size in an epoch not older than ours resume the membership
-        (a newer epoch is a re-planned tree: what is in flight starts again in the
-        tree that follows); anything else means the rendezvous no longer has it."""
+        secret, world size and epoch resume the membership (if the group moved on
+        meanwhile, the EpochChange and TreeAssignment this rank missed follow).  A newer
+        epoch means messages of the old rendezvous process never arrived, so this rank
+        cannot know the members or the tree of that epoch; like any other answer, it
+        means the rendezvous no longer has this membership."""
         assert self._rendezvous is not None and self._params is not None
         if isinstance(message, JoinAccept):
             same = (
                 message.rank == self._rank
                 and message.world_size == self._world_size
                 and hmac.compare_digest(message.group_secret, self._secret)
-                and message.epoch >= self._epoch
+                and message.epoch == self._epoch
             )
             if same:
                 self._link = LINK_TABLE.next(self._link, RESUMED)
                 self._detached_at = None
                 self._next_heartbeat = now + self._heartbeat_interval
-                if message.epoch > self._epoch and self._session_event("EpochChange"):
-                    # the group moved on while this rank was away: its tree follows
-                    self._epoch = message.epoch
-                    self._interrupt_all(
-                        f"the tree changed while the rendezvous was away (epoch {message.epoch})"
-                    )
                 return []
             why = (
                 f"the rendezvous came back without this membership (rank {message.rank}, epoch "
-                f"{message.epoch}, another group secret or world size)"
+                f"{message.epoch} where this rank has {self._epoch}, or another group secret or world size)"
             )
         else:
             why = f"the rendezvous refused to resume this membership: {message.detail}"
