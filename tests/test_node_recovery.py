@@ -4,7 +4,8 @@
   rendezvous listens there again, and serves the groups formed after that;
 * an aggregator whose registration is refused (its node id is taken) exits with
   status 3 at once instead of running on uselessly;
-* SIGTERM stops an aggregator with status 0; SIGTERM on an endpoint in the middle
+* SIGTERM or SIGINT stops the rendezvous and an aggregator with status 0, without a
+  traceback; SIGTERM on an endpoint in the middle
   of its workload makes it leave the group and exit 0, and the other rank's next
   collective fails naming it instead of hanging.
 """
@@ -58,6 +59,18 @@ def test_sigterm_stops_an_aggregator_with_status_0(cluster: LocalCluster) -> Non
     started = time.monotonic()
     aggregator.send_signal(signal.SIGTERM)
     assert aggregator.wait(10) == 0 and time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_the_rendezvous_and_an_aggregator_with_status_0(
+    cluster: LocalCluster, sig: signal.Signals
+) -> None:
+    started = time.monotonic()
+    for name in ("rendezvous", "agg-0"):
+        cluster.infrastructure(name).send_signal(sig)
+    assert [cluster.infrastructure(n).wait(10) for n in ("rendezvous", "agg-0")] == [0, 0]
+    assert time.monotonic() - started < 10
+    assert "Traceback" not in cluster.log("rendezvous") + cluster.log("agg-0")
 
 
 def test_sigterm_on_an_endpoint_leaves_the_group_and_the_other_rank_is_told(
