@@ -17,7 +17,7 @@ from typing import TypeVar
 import numpy as np
 import pytest
 
-from cco.client import Communicator, GroupSpec
+from cco.client import OFF_LOOP_ELEMENTS, Communicator, GroupSpec
 from cco.nodes.aggregator import AggregatorConfig, AggregatorMachine
 from cco.nodes.rendezvous import GroupStatus, RendezvousConfig, RendezvousMachine
 from cco.services.node import NodeService
@@ -308,5 +308,29 @@ def test_quorum_all_reduce_over_real_connections_goes_on_without_a_late_rank(pki
             assert np.allclose(results[0].array, data[0] + data[1], rtol=1e-6)
             everyone = await asyncio.gather(*[c.all_reduce(d) for c, d in zip(comms, data, strict=True)])
             assert all(np.allclose(r, data[0] + data[1] + data[2], rtol=1e-6) for r in everyone)
+
+    run(scenario)
+
+
+def test_a_large_input_is_prepared_off_the_loop_and_calls_still_start_in_order(pki: Path) -> None:
+    """A large all-reduce then a small one, started back to back on every rank: the
+    large one's scale proposals are computed on a worker thread, the small one waits
+    for it to start first, and both results are exact on every rank."""
+
+    async def scenario() -> None:
+        async with Cluster(pki) as cluster:
+            comms = await cluster.join(2)
+            large = [np.full(OFF_LOOP_ELEMENTS, c.rank + 1, dtype=np.float32) for c in comms]
+            small = [np.array([c.rank + 10], dtype=np.int32) for c in comms]
+            first = [c.start_all_reduce(x) for c, x in zip(comms, large, strict=True)]
+            second = [c.start_all_reduce(x) for c, x in zip(comms, small, strict=True)]
+            assert all(not f.done() for f in first)  # not started yet: preparing on a thread
+            for result in await asyncio.gather(*first):
+                assert result.shape == (OFF_LOOP_ELEMENTS,) and (result == 3).all()
+            for result in await asyncio.gather(*second):
+                assert result.tolist() == [21]
+            with pytest.raises(CcoError) as misuse:  # misuse still raises at the call
+                comms[0].start_all_reduce(np.zeros(OFF_LOOP_ELEMENTS, dtype=np.complex64))
+            assert misuse.value.code is ErrorCode.UNSUPPORTED_FEATURE
 
     run(scenario)

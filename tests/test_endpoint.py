@@ -1609,3 +1609,40 @@ def test_a_bad_quorum_is_refused_at_start(request_: CollectiveRequest, code: Err
     with pytest.raises(CcoError) as refused:
         rig.start(request_)
     assert refused.value.code is code
+
+
+# --- prepare(): the whole-tensor work before start(), for another thread ------------------------
+
+
+def test_a_prepared_start_sends_what_a_direct_start_sends() -> None:
+    data = np.random.default_rng(3).standard_normal(10).astype(np.float32)
+    request = CollectiveRequest(kind=Collective.ALL_REDUCE, array=data)
+    direct, planned = joined(), joined()
+    prepared = planned.machine.prepare(request)
+    assert planned.machine._next_op_id == 0  # nothing started, no op_id taken
+    prepared.compute()
+    assert prepared.operation.scaling is not None  # the proposals, computed before start
+    assert direct.start(request)[1] == planned.machine.start(request, planned.now, prepared)[1]
+
+
+def test_a_plan_made_under_other_group_parameters_is_made_again() -> None:
+    rig = joined()
+    request = int_request(list(range(10)))
+    prepared = rig.machine.prepare(request)
+    prepared.compute()
+    wider = dataclasses.replace(PARAMS, chunk_elements=8)
+    rig.rendezvous(EpochChange(group_id=GROUP, epoch=2, members=b"\x0f", code=ErrorCode.NO_ERROR))
+    rig.rendezvous(tree(epoch=2, params=wider))
+    _, out = rig.machine.start(request, rig.now, prepared)
+    assert {m.chunk_elements for m in sent(out, rig.parent, Contribution)} == {8}
+
+
+def test_a_prepared_unencodable_input_fails_at_start_and_keeps_op_ids_aligned() -> None:
+    rig = joined()
+    request = CollectiveRequest(kind=Collective.ALL_REDUCE, array=np.array([1.0, np.nan], dtype=np.float32))
+    prepared = rig.machine.prepare(request)
+    prepared.compute()
+    op_id, out = rig.machine.start(request, rig.now, prepared)
+    (error,) = failures(out)
+    assert error.code is ErrorCode.OVERFLOW and error.op_id == op_id
+    assert rig.start(int_request([1]))[0] == op_id + 1

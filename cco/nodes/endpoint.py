@@ -376,6 +376,39 @@ class CollectiveRequest:
     quorum: Quorum | None = None
 
 
+@dataclass(slots=True)
+class Prepared:
+    """A call checked and planned by :meth:`EndpointMachine.prepare`, not yet started.
+
+    :meth:`compute` does its whole-tensor work: a block-scaled operation's proposed
+    scale for every block, or, for the other forms, encoding every chunk once so that
+    an unencodable value fails the call before anything is sent.  It reads only the
+    caller's array and this plan, so it may run on another thread (numpy releases the
+    GIL for the large parts) while the machine's thread serves every connection.
+    """
+
+    request: CollectiveRequest
+    operation: Operation
+    params: GroupParams
+    width: int | None  # bytes per element of a block-scaled operation; None for the other forms
+    limit: int  # the block-scaled sum limit Q
+    error: CcoError | None = None
+    computed: bool = False
+
+    def compute(self) -> None:
+        if self.computed:
+            return
+        try:
+            if self.width is not None:
+                block_elements = self.params.block_elements
+                self.operation.scaling = propose(self.operation, self.width, self.limit, block_elements)
+            else:
+                self.operation.check_encodes()
+        except CcoError as error:
+            self.error = error
+        self.computed = True
+
+
 TREE_FAILURES = frozenset({ErrorCode.PEER_LOST, ErrorCode.STALE_EPOCH})
 """Abort codes that say the tree failed, not the data: the operation starts again in
 the next tree instead of failing."""
@@ -507,17 +540,15 @@ class EndpointMachine:
 
     # --- local API ------------------------------------------------------------
 
-    def start(self, request: CollectiveRequest, now: float) -> tuple[int, list[Command]]:
-        """Begin a collective; returns its op_id and what to send now.
+    def prepare(self, request: CollectiveRequest) -> Prepared:
+        """Check a call and plan it, without starting it: what :meth:`start` does before
+        the operation gets its op_ids.  The whole-tensor work (:meth:`Prepared.compute`)
+        reads only the array and the plan, so the I/O layer may run it on another thread
+        and pass the result to :meth:`start`, which the machine's own thread calls.
 
-        Raises :class:`CcoError` for misuse only (not joined, bad arguments); a
-        value that cannot be encoded consumes the op_id and fails the operation,
-        so that every rank's op_id sequence stays aligned.
+        Raises :class:`CcoError` for misuse (not joined, bad arguments).
         """
-        if not SESSION_TABLE.allows(self._state, START):
-            raise CcoError(
-                ErrorCode.PROTOCOL_VIOLATION, f"start() is not allowed in state {self._state.name}"
-            )
+        self._check_startable()
         assert self._params is not None and self._rank is not None
         dtype, op, root = self._check_request(request)
         element = ELEMENT_TYPES[dtype]
@@ -527,7 +558,51 @@ class EndpointMachine:
         check_operation(request.kind, op, dtype, 0 if array is None else array.size)
         scaled = form(request.kind, op, dtype) is Form.BLOCK_SCALED
         width = self._wire_width(request, dtype, op, scaled)
+        sending = request.kind is not Collective.BROADCAST or root == self._rank
+        source = source_of(array) if sending else None
+        placed = placement(request.kind, dtype, source, self._rank)
+        if source is not None:
+            total = len(placed) * (self._world_size if request.kind is Collective.ALL_GATHER else 1)
+        elif array is not None:  # a broadcast receiver that knows the shape
+            total = array.size * element.patterns_per_element
+        else:  # learnt from the first verified chunk
+            total = -1
+        timeout = request.timeout if request.timeout is not None else self._default_timeout()
+        operation = Operation(
+            op_id=-1,  # given by start()
+            kind=request.kind,
+            op=op,
+            dtype=dtype,
+            root=root,
+            rank=self._rank,
+            world_size=self._world_size,
+            total=total,
+            shape=array.shape if array is not None else None,
+            source=source,
+            placed=placed,
+            deadline=0.0,  # from start()'s now
+            timeout=timeout,
+            watchdog=request.timeout is None,
+        )
+        if total >= 0:
+            operation.size(total, self._params.chunk_elements, frozenset())
         limit = blockscale.sum_limit(width, self._world_size) if scaled else 0
+        return Prepared(request, operation, self._params, width if scaled else None, limit)
+
+    def start(
+        self, request: CollectiveRequest, now: float, prepared: Prepared | None = None
+    ) -> tuple[int, list[Command]]:
+        """Begin a collective; returns its op_id and what to send now.  ``prepared`` is
+        this request's :meth:`prepare`, computed or not; one made under other group
+        parameters is made again.
+
+        Raises :class:`CcoError` for misuse only (not joined, bad arguments); a
+        value that cannot be encoded consumes the op_id and fails the operation,
+        so that every rank's op_id sequence stays aligned.
+        """
+        if prepared is None or prepared.request is not request or prepared.params != self._params:
+            prepared = self.prepare(request)
+        self._check_startable()
         if len(self._members) < self._world_size and request.kind in (
             Collective.ALL_GATHER,
             Collective.REDUCE_SCATTER,
@@ -537,8 +612,8 @@ class EndpointMachine:
                 f"{request.kind.name} needs every rank of {self._world_size}; "
                 f"members are {ranks_text(self._members)}",
             )
-        sending = request.kind is not Collective.BROADCAST or root == self._rank
-        shape = array.shape if array is not None else None
+        operation = prepared.operation
+        scaled = prepared.width is not None
         presence_id = self._next_op_id if request.quorum is not None else None
         scale_id = self._next_op_id + (presence_id is not None) if scaled else None
         self._next_op_id += 1 + (presence_id is not None) + (scale_id is not None)
@@ -547,40 +622,13 @@ class EndpointMachine:
         refusal = self._refusal(op_id, request.kind)
         if refusal is not None:
             return op_id, [OperationFailed(op_id, refusal)]
-        timeout = request.timeout if request.timeout is not None else self._default_timeout()
-        source = source_of(array) if sending else None
-        placed = placement(request.kind, dtype, source, self._rank)
-        if source is not None:
-            total = len(placed) * (self._world_size if request.kind is Collective.ALL_GATHER else 1)
-        elif array is not None:  # a broadcast receiver that knows the shape
-            total = array.size * element.patterns_per_element
-        else:  # learnt from the first verified chunk
-            total = -1
-        operation = Operation(
-            op_id=op_id,
-            kind=request.kind,
-            op=op,
-            dtype=dtype,
-            root=root,
-            rank=self._rank,
-            world_size=self._world_size,
-            total=total,
-            shape=shape,
-            source=source,
-            placed=placed,
-            deadline=now + timeout,
-            timeout=timeout,
-            watchdog=request.timeout is None,
-        )
-        if total >= 0:
-            self._size(operation, total)
-        try:
-            if scaled:
-                operation.scaling = propose(operation, width, limit, self._params.block_elements)
-            else:
-                operation.check_encodes()
-        except CcoError as error:
-            return op_id, self._refuse_start(first, op_id, request.kind, error)
+        operation.op_id = op_id
+        operation.deadline = now + operation.timeout
+        if operation.total >= 0:
+            self._size(operation, operation.total)
+        prepared.compute()
+        if prepared.error is not None:
+            return op_id, self._refuse_start(first, op_id, request.kind, prepared.error)
         out: list[Command] = []
         passes: list[Operation] = []
         if operation.scaling is not None:
@@ -597,6 +645,12 @@ class EndpointMachine:
         if operation.state not in _FINISHED:
             out += self._pump(now)
         return op_id, out
+
+    def _check_startable(self) -> None:
+        if not SESSION_TABLE.allows(self._state, START):
+            raise CcoError(
+                ErrorCode.PROTOCOL_VIOLATION, f"start() is not allowed in state {self._state.name}"
+            )
 
     def _refusal(self, op_id: int, kind: Collective) -> OperationError | None:
         """Why an operation cannot run now, if it cannot: the members changed and were
@@ -1460,6 +1514,7 @@ __all__ = [
     "EndpointMachine",
     "OperationError",
     "OperationState",
+    "Prepared",
     "SessionState",
     "diagrams",
 ]
