@@ -302,52 +302,42 @@ def propose(op: Operation, width: int, limit: int, block_elements: int) -> Scali
     return Scaling(width=width, block_elements=block_elements, limit=limit, proposals=np.concatenate(parts))
 
 
+def _wire_pass(op_id: int, data: Operation, op: ReduceOp, dtype: DType, source: np.ndarray) -> Operation:
+    """An ALL_REDUCE of ``source`` that serves ``data`` (a scale or presence pass):
+    within its deadline, sized like it, failing with it."""
+    wire_pass = Operation(
+        op_id=op_id,
+        kind=Collective.ALL_REDUCE,
+        op=op,
+        dtype=dtype,
+        root=None,
+        rank=data.rank,
+        world_size=data.world_size,
+        total=len(source),
+        shape=source.shape,
+        source=source,
+        placed=range(len(source)),
+        deadline=data.deadline,
+        timeout=data.timeout,
+        watchdog=data.watchdog,
+        feeds=data.op_id,
+    )
+    wire_pass.size(len(source), data.chunk_elements, data.members)
+    return wire_pass
+
+
 def scale_pass(op_id: int, data: Operation) -> Operation:
     """The MIN all-reduce of this rank's proposals that agrees ``data``'s scales."""
     assert data.scaling is not None
-    proposals = data.scaling.proposals
-    agreement = Operation(
-        op_id=op_id,
-        kind=Collective.ALL_REDUCE,
-        op=ReduceOp.MIN,
-        dtype=DType.INT16,
-        root=None,
-        rank=data.rank,
-        world_size=data.world_size,
-        total=len(proposals),
-        shape=proposals.shape,
-        source=proposals,
-        placed=range(len(proposals)),
-        deadline=data.deadline,
-        timeout=data.timeout,
-        watchdog=data.watchdog,
-        feeds=data.op_id,
-    )
-    agreement.size(len(proposals), data.chunk_elements, data.members)
-    return agreement
+    return _wire_pass(op_id, data, ReduceOp.MIN, DType.INT16, data.scaling.proposals)
 
 
 def presence_pass(op_id: int, data: Operation, quorum: Quorum, members: frozenset[int]) -> Operation:
-    """The one-element SUM whose verified contributors decide ``data``'s members."""
-    presence = Operation(
-        op_id=op_id,
-        kind=Collective.ALL_REDUCE,
-        op=ReduceOp.SUM,
-        dtype=DType.INT8,
-        root=None,
-        rank=data.rank,
-        world_size=data.world_size,
-        total=1,
-        shape=(1,),
-        source=np.ones(1, dtype=np.int8),
-        placed=range(1),
-        deadline=data.deadline,
-        timeout=data.timeout,
-        watchdog=data.watchdog,
-        feeds=data.op_id,
-        quorum=quorum,
-    )
-    presence.size(1, data.chunk_elements, members)
+    """The one-element SUM whose verified contributors decide ``data``'s members (the
+    accepted ``members``, at least ``quorum.min_ranks`` of them)."""
+    presence = _wire_pass(op_id, data, ReduceOp.SUM, DType.INT8, np.ones(1, dtype=np.int8))
+    presence.members = members
+    presence.quorum = quorum
     return presence
 
 
