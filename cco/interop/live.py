@@ -183,7 +183,7 @@ class Run:
         if bad:
             full["CCO_INTEROP_FAULT"] = "flip-result"
         assert node.log is not None
-        with open(node.log, "wb") as log:
+        with open(node.log, "ab") as log:  # a node started again (a restart) keeps its first log
             node.proc = subprocess.Popen(
                 shlex.split(command), env=full, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
@@ -511,6 +511,32 @@ def case_failover(run: Run) -> None:
         raise CaseFailed("the spare aggregator carried nothing after the failover")
 
 
+def case_rendezvous_restart(run: Run) -> None:
+    work = Workload(elements=20_000, rounds=300)
+    store = run.directory / "rendezvous.store"
+    rv_env = {"heartbeat_ms": 200, "operation_timeout_ms": 20000, "store": str(store)}
+    aggs, eps, relays = start_group(
+        run, endpoints=2, aggregators=1, workload=work, relay_loss=0.0, rendezvous_env=rv_env
+    )
+    deadline = time.monotonic() + 60
+    while relays[0].counters.forwarded_up < 200:
+        if time.monotonic() > deadline or any(e.proc is not None and e.proc.poll() is not None for e in eps):
+            raise CaseFailed("the endpoints carried no traffic before the rendezvous was to be killed")
+        time.sleep(0.02)
+    rendezvous = next(n for n in run.nodes if n.role == "rendezvous")
+    run.kill(rendezvous)
+    time.sleep(1.0)
+    run.start_server("rendezvous", "rendezvous", rendezvous.env)
+    restarted = time.monotonic()
+    run.wait(eps, 180)
+    run.stop()
+    if any(e.ended is not None and e.ended < restarted for e in eps):
+        raise CaseFailed("an endpoint had finished before the rendezvous was back")
+    judge_exact(run, eps, work)
+    if any(a.ended is not None and a.ended < restarted for a in aggs):
+        raise CaseFailed("the aggregator exited while the rendezvous was away")
+
+
 def case_tamper(run: Run) -> None:
     work = Workload(elements=300)
     _, eps, _ = start_group(run, endpoints=2, workload=work, bad_aggregator=True)
@@ -636,6 +662,14 @@ CASES: list[Case] = [
         case_failover,
         "2 aggregators; the one carrying traffic is killed mid-run (40 rounds): endpoints exit 0 after it, "
         "every round exact, and the spare carried traffic after the kill",
+    ),
+    Case(
+        "rendezvous-restart",
+        ("rendezvous", "aggregator", "endpoint"),
+        case_rendezvous_restart,
+        "the rendezvous (STORE set) is SIGKILLed while 2 endpoints run 300 rounds and started again "
+        "1 s later on the same port and store: the aggregator keeps running, every endpoint exits 0 "
+        "after the restart, every round exact",
     ),
     Case(
         "tamper",

@@ -112,7 +112,8 @@ def node_argv(role: str) -> list[str]:
             _env("WORLD_SIZE"),
         ]
         argv += ["--credential", os.environ.get("CREDENTIAL", ""), "--dynamic-groups", "false"]
-        argv += ["--store", ":memory:"]  # one rendezvous per case: no state from an earlier case
+        # the case's store (a restart carries on from it), else none: nothing from an earlier case
+        argv += ["--store", os.environ.get("STORE", ":memory:")]
         argv += _optional(
             {
                 "HEARTBEAT_MS": "--heartbeat-ms",
