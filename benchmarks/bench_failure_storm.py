@@ -110,15 +110,20 @@ def main() -> None:
     }
     for key, value in summary.items():
         print(f"{key:26} {value:.3f}" if isinstance(value, float) else f"{key:26} {value}")
-    ok = len(completed) == n and identical and correct and depth >= 3
-    print(
-        "every endpoint got the same exact result"
-        if ok
-        else "FAILED: not every endpoint got the exact result"
-    )
+    problems = [
+        *([f"{n - len(completed)} endpoints got no result"] if len(completed) != n else []),
+        *(["the results differ between endpoints"] if not identical else []),
+        *(["the result is not exact"] if not correct else []),
+        *(
+            [f"the tree has {depth} levels, not 3 (more endpoints, or a smaller --fan-in)"]
+            if depth < 3
+            else []
+        ),
+    ]
+    print("every endpoint got the same exact result" if not problems else f"FAILED: {'; '.join(problems)}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=2) + "\n")
-    if not ok:
+    if problems:
         raise SystemExit(1)
 
 
