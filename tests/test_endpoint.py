@@ -361,6 +361,18 @@ def test_a_different_copy_of_a_verified_chunk_fails_the_operation() -> None:
     assert error.code is ErrorCode.DUPLICATE_CONTRIBUTION and error.op_id == op_id
 
 
+def test_a_different_copy_of_a_verified_untagged_chunk_fails_the_operation() -> None:
+    """MAX chunks carry no tag: a copy is compared by a hash of its payload."""
+    rig = joined()
+    op_id, out = rig.start(int_request(list(range(8)), op=ReduceOp.MAX))
+    first, _ = sent(out, rig.parent, Contribution)
+    assert first.tag is None
+    assert rig.from_parent(result_for(first, lambda rank, i: 100 + rank)) == []
+    assert rig.from_parent(result_for(first, lambda rank, i: 100 + rank)) == []  # identical: ignored
+    (error,) = failures(rig.from_parent(result_for(first, lambda rank, i: 200 + rank)))
+    assert error.code is ErrorCode.DUPLICATE_CONTRIBUTION and error.op_id == op_id
+
+
 def test_tampered_result_fails_verification_and_tells_the_tree() -> None:
     rig = joined()
     op_id, out = rig.start(int_request([1, 2, 3, 4, 5, 6, 7, 8]))

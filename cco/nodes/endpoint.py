@@ -1053,7 +1053,7 @@ class EndpointMachine:
                 op, BAD_CHUNK, error.code, f"chunk {index}: {error.detail}", None, tell_tree=True
             )
         op.epoch = message.epoch
-        op.verified[index] = digest(message.payload)
+        op.verified[index] = digest(message)
         self._progress(op, now)
         op.decode(index, values)
         if index in op.outstanding:
@@ -1080,7 +1080,7 @@ class EndpointMachine:
         digest: the verified integers themselves are not kept)."""
         self._check_header(op, message)
         payload.check_encoding(message)
-        if digest(message.payload) != op.verified[message.chunk_index]:
+        if digest(message) != op.verified[message.chunk_index]:
             raise CcoError(
                 ErrorCode.DUPLICATE_CONTRIBUTION, f"a different copy of verified chunk {message.chunk_index}"
             )
