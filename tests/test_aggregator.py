@@ -1327,3 +1327,12 @@ def test_data_held_for_a_child_that_never_connects_is_dropped_after_pending_time
     rig.timer(3.5)
     assert rig.machine.pending_bytes == 0
     assert rig.feed(PeerConnected("ep0", "ep0", Role.ENDPOINT)) == [], "nothing stale is delivered"
+
+
+def test_a_released_presence_pass_is_not_reopened_when_asked_again() -> None:
+    rig, parent = leaf_rig()
+    rig.send("ep0", chunk(0, quorum=2))
+    assert len(sent(rig.timer(WAIT), parent, PartialAggregate)) == 1
+    asked = RetransmitRequest(group_id=GROUP, epoch=1, op_id=0, chunks=(0,))
+    assert rig.feed(MessageReceived(parent, asked)) == []  # no child is asked; nothing goes up again
+    assert rig.machine.slot_state(GROUP, 0, 0) is SlotState.COMPLETE

@@ -1037,13 +1037,15 @@ class AggregatorMachine:
         """The parent lacks chunks: pass the request on to the children that can supply them.
 
         A chunk this node already completed is reopened: its children's copies, all
-        identical, rebuild the identical aggregate, which goes up again.
+        identical, rebuild the identical aggregate, which goes up again.  A presence
+        pass released at the end of its wait is not: what it sent up was the ranks in
+        time, and every later one went up on its own.
         """
         wanted: dict[tuple[str, int], list[int]] = {}
         for index in request.chunks:
             key = (request.op_id, index)
             slot = group.slots.get(key) or group.record.get(key)
-            if slot is None or not SLOT_TABLE.allows(slot.state, ASKED_AGAIN):
+            if slot is None or slot.released or not SLOT_TABLE.allows(slot.state, ASKED_AGAIN):
                 continue
             if slot.state is SlotState.COMPLETE:
                 if len(group.slots) >= group.window:
@@ -1055,9 +1057,8 @@ class AggregatorMachine:
                 group.slots[key] = slot
             slot.state = SLOT_TABLE.next(slot.state, ASKED_AGAIN)
             if slot.state is SlotState.COLLECTING:
-                for node_id in group.children:
-                    if node_id not in slot.fingerprints:
-                        wanted.setdefault((node_id, request.op_id), []).append(index)
+                for node_id in self._owing(group, slot):
+                    wanted.setdefault((node_id, request.op_id), []).append(index)
         return self._ask(group, wanted)
 
     def _ask(self, group: _Group, wanted: dict[tuple[str, int], list[int]]) -> list[Command]:
