@@ -73,14 +73,15 @@ def test_a_signal_stops_the_rendezvous_and_an_aggregator_with_status_0(
     assert "Traceback" not in cluster.log("rendezvous") + cluster.log("agg-0")
 
 
-def test_sigterm_on_an_endpoint_leaves_the_group_and_the_other_rank_is_told(
-    cluster: LocalCluster, tmp_path: Path
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])  # SIGINT: Ctrl-C
+def test_a_signal_on_an_endpoint_leaves_the_group_and_the_other_rank_is_told(
+    cluster: LocalCluster, tmp_path: Path, sig: signal.Signals
 ) -> None:
     cluster.spec = dataclasses.replace(cluster.spec, rounds=10_000)
     ranks = [cluster.start_endpoint(i, tmp_path / f"r{i}.json") for i in range(2)]
     _wait_for(lambda: "round 2/" in cluster.log("ep-1"), 60, "rank 1 runs its rounds")
     started = time.monotonic()
-    ranks[1].send_signal(signal.SIGTERM)
+    ranks[1].send_signal(sig)
     assert ranks[1].wait(10) == 0 and time.monotonic() - started < 10
     assert ranks[0].wait(20) != 0  # its collective failed, naming rank 1, instead of hanging
     assert "PEER_LOST" in cluster.log("ep-0") and "ranks {1} left" in cluster.log("ep-0")
