@@ -171,3 +171,34 @@ def test_quorum_is_not_lost_to_one_early_rank() -> None:
     assert ranks is not None and 0 in ranks and len(ranks) >= quorum.min_ranks
     want = np.stack([data(r).astype(np.int64) for r in sorted(ranks)]).sum(0)
     assert all(o.result is not None and o.result.tolist() == want.tolist() for o in done.values())
+
+
+@pytest.mark.parametrize("when", ["presence", "data"])
+def test_a_quorum_all_reduce_survives_the_loss_of_an_aggregator(when: str) -> None:
+    """An aggregator dies during the presence pass, or once its members are decided
+    and the data is on its way: the tree is re-planned over the spare, the operation
+    starts again in the new epoch over the members its presence pass decided (or
+    decides there), and every rank gets the same result."""
+    d = build_cluster([GroupSpec(GROUP, WORLD)], aggregators=4, params=PARAMS, max_fan_in=4, seed=8)
+    quorum = Quorum(min_ranks=6, wait=WAIT)
+    requests = {r: request(r, quorum, ReduceOp.SUM, np.float32) for r in EVERYONE_ELSE}
+    op_ids = d.start(GROUP, requests)
+
+    def data_moving() -> bool:  # some rank's presence pass is done: its scale pass or data left
+        return any(d.endpoint(GROUP, r).operation_state(op_ids[r] - 2) is None for r in EVERYONE_ELSE)
+
+    if when == "presence":
+        d.cluster.run(lambda: False, duration=0.5 * WAIT)
+        assert not data_moving()
+    else:
+        assert d.cluster.run(data_moving, duration=5 * WAIT)
+        assert not d.outcomes(GROUP, op_ids)
+    in_tree = [a for a in d.aggregators if d.aggregator(a).group_epoch(GROUP) is not None]
+    d.cluster.kill(next(a for a in in_tree if a != in_tree[0]))
+    done = completed(wait_for(d, op_ids, duration=30.0))
+    assert d.endpoint(GROUP, 0).epoch > 1
+    exact = np.stack([data(r, np.float64) for r in sorted(EVERYONE_ELSE)]).sum(0)
+    assert {o.contributors for o in done.values()} == {EVERYONE_ELSE}
+    assert len({o.result.tobytes() for o in done.values() if o.result is not None}) == 1
+    some = next(iter(done.values())).result
+    assert some is not None and np.allclose(some, exact, rtol=1e-5, atol=1e-3)

@@ -1113,7 +1113,7 @@ class EndpointMachine:
                 self._release(op, LAST_CHUNK)
                 for decided in op.decides:
                     if (gated := self._ops.get(decided)) is not None:
-                        gated.decide(op.contributors)
+                        gated.decide(op.contributors, op)
                         if gated.source is None:
                             self._op_event(gated, ALL_SENT)
                 return []
@@ -1364,9 +1364,23 @@ class EndpointMachine:
         if op.scaling is not None and op.scaling.agreed is not None:
             op.scaling.agreed = None
             agreement = scale_pass(op.op_id - 1, op)
-            agreement.interrupted = why
-            self._ops[agreement.op_id] = agreement
-            self._ops = OrderedDict(sorted(self._ops.items()))  # call order, for the window
+            if op.listed is not None:
+                agreement.decide(op.listed, op.presence)
+            self._again(agreement, why)
+        presence = op.presence
+        if presence is not None and presence.op_id not in self._ops and self._rank in (op.listed or ()):
+            # A rank that lost the decision with the tree starts its presence pass again:
+            # this rank, a member of the decided set, takes part again, so that the
+            # new pass decides the same members (the decision itself is kept here).
+            assert presence.quorum is not None
+            data = op if op.feeds is None else self._ops.get(op.feeds, op)
+            self._again(presence_pass(presence.op_id, data, presence.quorum, presence.members), why)
+
+    def _again(self, wire_pass: Operation, why: str) -> None:
+        """A pass this rank had completed, to run again in the next tree, in call order."""
+        wire_pass.interrupted = why
+        self._ops[wire_pass.op_id] = wire_pass
+        self._ops = OrderedDict(sorted(self._ops.items()))  # call order, for the window
 
     def _resume_all(self) -> None:
         """A tree is ready: interrupted operations start again (in the current epoch)."""

@@ -117,6 +117,7 @@ class Operation:
     contributors: frozenset[int] = frozenset()  # a presence pass: of its verified result
     gated: bool = False  # waits for its presence pass
     listed: frozenset[int] | None = None  # the members its presence pass decided (quorum only)
+    presence: Operation | None = None  # the completed presence pass that decided them
 
     def size(self, total: int, chunk_elements: int, members: frozenset[int]) -> None:
         self.total = total
@@ -125,10 +126,11 @@ class Operation:
         if not self.members:
             self.members = members
 
-    def decide(self, members: frozenset[int]) -> None:
+    def decide(self, members: frozenset[int], presence: Operation | None = None) -> None:
         """Its presence pass decided the members: run over exactly those; a rank that
         is not one of them only receives the result."""
         self.members = self.listed = members
+        self.presence = presence
         self.gated = False
         if self.rank not in members:
             self.source = None
