@@ -138,6 +138,21 @@ OPTIONS: tuple[Option, ...] = (
         (E,),
     ),
     Option(
+        "quorum",
+        "endpoint workload: run the all-reduce rounds under the quorum policy, completing with at "
+        "least this many ranks (default: strict, every member)",
+        None,
+        int,
+        (E,),
+    ),
+    Option(
+        "quorum_wait_ms",
+        "endpoint workload: with --quorum, how long aggregators wait for the late ranks",
+        200,
+        int,
+        (E,),
+    ),
+    Option(
         "results",
         "endpoint workload: write results to this file (JSON for allreduce, .npz for conformance)",
         None,

@@ -87,6 +87,13 @@ def allreduce_digests(dtype_name: str, elements: int, rounds: int, world: int) -
     return out
 
 
+def quorum_digest(dtype_name: str, elements: int, round_index: int, contributors: list[int]) -> str:
+    """The exact result of one all-reduce round over ``contributors`` only (a quorum)."""
+    dtype = DTYPES[dtype_name]
+    inputs = [make_input(SEED, round_index, rank, dtype, elements) for rank in contributors]
+    return sha256(reduce_exact(inputs, dtype, ReduceOp.SUM))
+
+
 def collective_digests(elements: int, rank: int, world: int) -> dict[str, str]:
     """The results of cco-node's conformance suite at ``rank`` (absent: no result there)."""
     out = {}

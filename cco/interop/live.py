@@ -288,6 +288,7 @@ def start_group(
     bad_aggregator: bool = False,
     relay_loss: float | None = None,
     start_endpoints: bool = True,
+    endpoint_env: dict[str, Any] | None = None,
 ) -> tuple[list[Node], list[Node], list[Any]]:
     """A rendezvous, aggregators (each behind a relay when ``relay_loss`` is given) and
     endpoints; returns (aggregators, endpoints, relays)."""
@@ -325,7 +326,7 @@ def start_group(
         )
     ep_nodes = []
     if start_endpoints:
-        ep_nodes = start_endpoints_of(run, eps, rv_port, endpoints, workload, ranks)
+        ep_nodes = start_endpoints_of(run, eps, rv_port, endpoints, workload, ranks, extra=endpoint_env)
     return agg_nodes, ep_nodes, relays
 
 
@@ -337,6 +338,7 @@ def start_endpoints_of(
     workload: Workload,
     ranks: bool,
     credential: str = CREDENTIAL,
+    extra: dict[str, Any] | None = None,
 ) -> list[Node]:
     if rv_port is None:
         rv_port = int(run.nodes[0].env["LISTEN"].rsplit(":", 1)[1])
@@ -353,6 +355,7 @@ def start_endpoints_of(
             rounds=workload.rounds,
             results=run.directory / "results" / f"{name}.json",
             credential=credential,
+            **(extra or {}),
         )
         if ranks:
             env["RANK"] = str(rank)
@@ -537,6 +540,58 @@ def case_rendezvous_restart(run: Run) -> None:
         raise CaseFailed("the aggregator exited while the rendezvous was away")
 
 
+def case_quorum(run: Run) -> None:
+    work = Workload(dtype="int32", elements=20_000, rounds=30)
+    _, eps, relays = start_group(
+        run,
+        endpoints=3,
+        workload=work,
+        relay_loss=0.0,
+        endpoint_env={"quorum": 2, "quorum_wait_ms": 200},
+        rendezvous_env={"heartbeat_ms": 1000, "operation_timeout_ms": 20000},
+    )
+    deadline = time.monotonic() + 60
+    while relays[0].counters.forwarded_up < 100:
+        if time.monotonic() > deadline or any(e.proc is not None and e.proc.poll() is not None for e in eps):
+            raise CaseFailed("the endpoints carried no traffic before one was to be frozen")
+        time.sleep(0.02)
+    straggler = eps[2]
+    assert straggler.proc is not None
+    os.killpg(straggler.proc.pid, signal.SIGSTOP)  # a straggler: frozen for a second
+    time.sleep(1.0)
+    os.killpg(straggler.proc.pid, signal.SIGCONT)
+    run.wait(eps, 180)
+    run.stop()
+    judge_quorum(run, eps, work, quorum=2)
+
+
+def judge_quorum(run: Run, endpoints: list[Node], workload: Workload, quorum: int) -> None:
+    """Every endpoint exited 0; every round names the same contributors on every rank,
+    at least ``quorum`` of them, and its result is the exact sum over them; some round
+    went on without a rank."""
+    rounds: dict[str, set[tuple[int, ...]]] = {}
+    for node in endpoints:
+        if node.returncode != 0:
+            tail = run.log_text(node).strip().splitlines()[-3:]
+            raise CaseFailed(f"{node.name} exited with {node.returncode}: {' | '.join(tail)}")
+        data = run.results(node)
+        named = data.get("contributors", {})
+        for index in range(workload.rounds):
+            key = f"round-{index}"
+            ranks = named.get(key)
+            if not isinstance(ranks, list) or len(ranks) < quorum:
+                raise CaseFailed(f"{node.name}: {key} names no quorum of contributors ({ranks})")
+            want = expected.quorum_digest(workload.dtype, workload.elements, index, sorted(ranks))
+            if data.get("results", {}).get(key) != want:
+                raise CaseFailed(f"{node.name}: {key} is not the exact sum over ranks {ranks}")
+            rounds.setdefault(key, set()).add(tuple(sorted(ranks)))
+    disagree = sorted(k for k, v in rounds.items() if len(v) > 1)
+    if disagree:
+        raise CaseFailed(f"ranks name different contributors for {disagree[:5]}")
+    if all(len(next(iter(v))) == len(endpoints) for v in rounds.values()):
+        raise CaseFailed("every round counted every rank: the frozen rank was never left out")
+
+
 def case_tamper(run: Run) -> None:
     work = Workload(elements=300)
     _, eps, _ = start_group(run, endpoints=2, workload=work, bad_aggregator=True)
@@ -670,6 +725,15 @@ CASES: list[Case] = [
         "the rendezvous (STORE set) is SIGKILLed while 2 endpoints run 300 rounds and started again "
         "1 s later on the same port and store: the aggregator keeps running, every endpoint exits 0 "
         "after the restart, every round exact",
+    ),
+    Case(
+        "quorum",
+        ("rendezvous", "aggregator", "endpoint"),
+        case_quorum,
+        "3 endpoints run 30 int32 all-reduce rounds under the quorum policy (QUORUM 2, QUORUM_WAIT_MS "
+        "200); one is frozen (SIGSTOP) for 1 s: every endpoint exits 0, every round names the same "
+        "contributors (at least 2) on every rank and its result is the exact sum over them, and some "
+        "round went on without a rank",
     ),
     Case(
         "tamper",

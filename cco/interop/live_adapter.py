@@ -133,7 +133,14 @@ def node_argv(role: str) -> list[str]:
         argv += ["--group-id", _env("GROUP_ID"), "--world-size", _env("WORLD_SIZE")]
         argv += ["--credential", os.environ.get("CREDENTIAL", "")]
         argv += _optional(
-            {"RANK": "--rank", "DTYPE": "--dtype", "ELEMENTS": "--elements", "ROUNDS": "--rounds"}
+            {
+                "RANK": "--rank",
+                "DTYPE": "--dtype",
+                "ELEMENTS": "--elements",
+                "ROUNDS": "--rounds",
+                "QUORUM": "--quorum",
+                "QUORUM_WAIT_MS": "--quorum-wait-ms",
+            }
         )
     return argv
 
@@ -165,7 +172,16 @@ def run_endpoint(argv: list[str]) -> int:
         else:
             summary = json.loads(native.read_text(encoding="utf-8"))
             results = {f"round-{r['round']}": r["sha256"] for r in summary["rounds"]}
-    out = {"rank": summary.get("rank"), "world_size": summary.get("world_size"), "results": results}
+            contributors = {
+                f"round-{r['round']}": r["contributors"] for r in summary["rounds"] if "contributors" in r
+            }
+    out: dict[str, Any] = {
+        "rank": summary.get("rank"),
+        "world_size": summary.get("world_size"),
+        "results": results,
+    }
+    if workload == "allreduce" and contributors:
+        out["contributors"] = contributors
     if out["rank"] is None:  # the conformance workload does not report it: the runner needs it
         out["rank"] = int(os.environ["RANK"]) if "RANK" in os.environ else None
     Path(_env("RESULTS")).write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
