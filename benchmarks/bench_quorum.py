@@ -23,22 +23,17 @@ import argparse
 import asyncio
 import json
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from inprocess import group_in_process
 
-from cco.client import Communicator, GroupSpec
-from cco.nodes.aggregator import AggregatorConfig, AggregatorMachine
-from cco.nodes.rendezvous import RendezvousConfig, RendezvousMachine
-from cco.services.node import NodeService
-from cco.transport import TransportConfig, create_dev_pki
 from cco.wire import payload
 from cco.wire.fields import bitmap_from_ranks
 from cco.wire.framing import encode_frame
-from cco.wire.messages import Address, Contribution, GroupParams, Result, encode_message
-from cco.wire.registries import Collective, DType, ReduceOp, Role
+from cco.wire.messages import Contribution, GroupParams, Result, encode_message
+from cco.wire.registries import Collective, DType, ReduceOp
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_quorum.json"
 GROUP = bytes.fromhex("b7" * 16)
@@ -69,36 +64,10 @@ def presence_bytes(world: int) -> tuple[int, int]:
     return len(encode_frame(encode_message(parts[0]))), len(encode_frame(encode_message(result)))
 
 
-async def latencies(pki: Path, ranks: int, rounds: int, elements: int) -> dict[str, list[float]]:
-    def transport(node: str) -> TransportConfig:
-        return TransportConfig.for_node(pki, node, max_datagram_size=16000)
-
-    services: list[NodeService] = []
-    rendezvous = NodeService(
-        RendezvousMachine(RendezvousConfig(create_groups_on_join=True, params=PARAMS)),
-        "rendezvous",
-        Role.RENDEZVOUS,
-        transport("rendezvous"),
-    )
-    host, port = await rendezvous.listen("127.0.0.1", 0)
-    services.append(rendezvous)
-    aggregator = NodeService(
-        AggregatorMachine(AggregatorConfig(address=Address(host=host, port=1))),
-        "agg-0",
-        Role.AGGREGATOR,
-        transport("agg-0"),
-    )
-    _, agg_port = await aggregator.listen(host, 0)
-    aggregator.runner.machine = AggregatorMachine(AggregatorConfig(address=Address(host=host, port=agg_port)))
-    await aggregator.join_rendezvous(host, port, "rendezvous")
-    services.append(aggregator)
-    spec = GroupSpec(group_id=GROUP, world_size=ranks, credential=b"pw", rendezvous=f"{host}:{port}")
-    comms = await asyncio.gather(
-        *[Communicator.join(spec, f"ep-{i}", transport(f"ep-{i}")) for i in range(ranks)]
-    )
-    data = [np.full(elements, c.rank + 1, dtype=np.float32) for c in comms]
+async def latencies(ranks: int, rounds: int, elements: int) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {"strict": [], "quorum": []}
-    try:
+    async with group_in_process(ranks, PARAMS, GROUP) as comms:
+        data = [np.full(elements, c.rank + 1, dtype=np.float32) for c in comms]
         for _ in range(rounds):
             for policy in ("strict", "quorum"):
                 started = time.perf_counter()
@@ -112,10 +81,6 @@ async def latencies(pki: Path, ranks: int, rounds: int, elements: int) -> dict[s
                     results = await asyncio.gather(*calls)
                     assert all(r.contributors == frozenset(range(ranks)) for r in results)
                 times[policy].append(time.perf_counter() - started)
-    finally:
-        await asyncio.gather(*[c.close(linger=False) for c in comms], return_exceptions=True)
-        for service in reversed(services):
-            await service.close()
     return times
 
 
@@ -131,11 +96,7 @@ def main() -> None:
     sizes = {world: presence_bytes(world) for world in (4, 64, 1024)}
     for world, (up, down) in sizes.items():
         print(f"presence pass, {world:4d} ranks: {up} bytes up, {down} bytes down per endpoint link (framed)")
-    with tempfile.TemporaryDirectory() as tmp:
-        pki = Path(tmp)
-        nodes = [("rendezvous", Role.RENDEZVOUS), ("agg-0", Role.AGGREGATOR)]
-        create_dev_pki(pki, nodes + [(f"ep-{i}", Role.ENDPOINT) for i in range(args.ranks)])
-        times = asyncio.run(latencies(pki, args.ranks, args.rounds, args.elements))
+    times = asyncio.run(latencies(args.ranks, args.rounds, args.elements))
     medians = {policy: statistics.median(values) * 1000 for policy, values in times.items()}
     print(
         f"{args.elements} float32 x {args.ranks} ranks, {args.rounds} rounds, one process: strict "
