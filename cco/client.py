@@ -42,7 +42,7 @@ from cco.nodes.endpoint import (
 from cco.nodes.events import Command, Joined, JoinFailed, OperationCompleted, OperationFailed
 from cco.nodes.operation import Quorum
 from cco.nodes.rendezvous import FALLBACK_LABEL
-from cco.services.node import NodeService
+from cco.services.node import NodeService, Redialer
 from cco.transport import TransportConfig
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.messages import Address
@@ -53,8 +53,6 @@ T = TypeVar("T")
 log = logging.getLogger("cco.client")
 
 DEFAULT_JOIN_TIMEOUT = 30.0
-REDIAL_FIRST, REDIAL_MAX = 1.0, 30.0
-"""Backoff between attempts to reach a lost rendezvous: doubling, capped."""
 _ENDED = (SessionState.REJECTED, SessionState.LEFT, SessionState.CLOSED)
 OFF_LOOP_ELEMENTS = 1 << 20
 """Arrays of this many elements or more have their whole-tensor work at start (scale
@@ -176,23 +174,12 @@ class Communicator:
         a network failure), 1 s, 2 s, 4 s ... up to 30 s apart, until the session ends;
         the session resumes its membership on the new connection (or closes, after
         ``EndpointConfig.rendezvous_grace``)."""
-        host, port = parse_hostport(self.spec.rendezvous)
-        delay, attempt = REDIAL_FIRST, 0
+        redial = Redialer(
+            self._service, parse_hostport(self.spec.rendezvous), self.spec.rendezvous_id, "endpoint"
+        )
         while self._machine.state not in _ENDED:
-            if self._machine.link is not LinkState.DETACHED:
-                await asyncio.sleep(0.2)
-                continue
-            attempt += 1
-            try:
-                peer = f"rendezvous#{attempt}"
-                await self._service.join_rendezvous(host, port, self.spec.rendezvous_id, peer=peer)
-            except (CcoError, OSError, TimeoutError) as exc:
-                log.warning("rendezvous %s unreachable (%s); again in %g s", self.spec.rendezvous, exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(2 * delay, REDIAL_MAX)
-                continue
-            log.info("rendezvous %s reached again: resuming the membership", self.spec.rendezvous)
-            delay = REDIAL_FIRST
+            if self._machine.link is LinkState.DETACHED and await redial.attempt(asyncio.sleep):
+                log.info("rendezvous %s reached again: resuming the membership", self.spec.rendezvous)
             await asyncio.sleep(0.2)
 
     async def _close_services(self) -> None:

@@ -147,7 +147,7 @@ detection: the default is ``LOSS_INTERVALS`` heartbeat intervals plus this, 12 s
 the default interval of 1 s.  Why: a peer notices a silent rendezvous after
 :data:`LOSS_INTERVALS` intervals (which matters when the restart is quicker than
 that) and then dials it again, each attempt lasting up to 10 s, with pauses of 1 s,
-2 s, 4 s, 8 s ... between attempts (``cco.client`` and ``run_aggregator``).  An
+2 s, 4 s, 8 s ... between attempts (:class:`cco.services.node.Redialer`).  An
 attempt under way when the new process starts completes at QUIC's next
 retransmission of its Initial (seconds apart at most); one in a pause starts when
 the pause ends.  Within the 60 s for which endpoints and aggregators keep a group

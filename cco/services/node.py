@@ -9,16 +9,22 @@ an endpoint's leaf aggregator) are dialled here with the node's own credentials.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import logging
+from collections.abc import Awaitable, Callable
 
 from cco.nodes.events import Command, ConnectTo
 from cco.services.runner import Machine, MachineRunner
 from cco.transport import LocalIdentity, PeerLink, Server, TransportConfig, connect, serve
+from cco.wire.errors import CcoError
 from cco.wire.messages import MAX_CHUNK_ELEMENTS, Capabilities
 from cco.wire.registries import Collective, DType, ReduceOp, Role
 
 RENDEZVOUS_PEER = "rendezvous"
 """The PeerId under which a node's connection to the rendezvous is reported."""
+REDIAL_FIRST, REDIAL_MAX = 1.0, 30.0
+"""Backoff between attempts to reach a lost rendezvous: doubling, capped."""
+
+log = logging.getLogger("cco.node")
 
 
 def full_capabilities(max_message_size: int) -> Capabilities:
@@ -90,3 +96,38 @@ class NodeService:
         await self.runner.close()
         if self.server is not None:
             await self.server.close()
+
+
+class Redialer:
+    """Dials a lost rendezvous again for a node whose machine is detached from it:
+    each :meth:`attempt` after a failed one waits 1 s, 2 s, 4 s ... up to 30 s first.
+    Each connection gets a fresh PeerId, so that a late report about an old one cannot
+    be taken for it."""
+
+    def __init__(
+        self, service: NodeService, rendezvous: tuple[str, int], rendezvous_id: str, who: str
+    ) -> None:
+        self.service = service
+        self.rendezvous = rendezvous
+        self.rendezvous_id = rendezvous_id
+        self.who = who
+        self.attempts = 0
+        self._delay = REDIAL_FIRST
+
+    async def attempt(self, pause: Callable[[float], Awaitable[None]]) -> bool:
+        """Dial once; on failure, log it and ``pause`` for the backoff.  True if connected."""
+        self.attempts += 1
+        host, port = self.rendezvous
+        try:
+            await self.service.join_rendezvous(
+                host, port, self.rendezvous_id, peer=f"rendezvous#{self.attempts}"
+            )
+        except (CcoError, OSError, TimeoutError) as exc:
+            log.warning(
+                "%s: rendezvous %s:%d unreachable (%s); again in %g s", self.who, host, port, exc, self._delay
+            )
+            await pause(self._delay)
+            self._delay = min(2 * self._delay, REDIAL_MAX)
+            return False
+        self._delay = REDIAL_FIRST
+        return True

@@ -29,7 +29,7 @@ from cco.nodes.aggregator import AggregatorConfig, AggregatorMachine, NodeState
 from cco.nodes.endpoint import CollectiveRequest
 from cco.nodes.operation import Quorum
 from cco.nodes.rendezvous import GroupConfig, RendezvousConfig, RendezvousMachine
-from cco.services.node import NodeService
+from cco.services.node import NodeService, Redialer
 from cco.services.store import (
     PersistentRendezvous,
     RendezvousStore,
@@ -87,8 +87,6 @@ def parse_group_id(text: str) -> bytes:
 REGISTRATION_REFUSED = 3
 """Exit status of an aggregator whose registration the rendezvous refused (asking
 again would not help: a service manager should not restart it unchanged)."""
-RETRY_FIRST, RETRY_MAX = 1.0, 30.0
-"""Backoff between attempts to reach a lost rendezvous: doubling, capped."""
 
 
 def _stop_event() -> asyncio.Event:
@@ -209,8 +207,8 @@ async def _stay_registered(
     """Register with the rendezvous, and again whenever it is lost (a restart, a
     network failure), waiting 1 s, 2 s, 4 s ... up to 30 s between attempts, until
     SIGINT or SIGTERM (exit 0) or a refused registration (exit REGISTRATION_REFUSED)."""
-    rv_host, rv_port = parse_hostport(cfg.rendezvous)
-    delay, attempt, reported = RETRY_FIRST, 0, NodeState.DETACHED
+    redial = Redialer(service, parse_hostport(cfg.rendezvous), cfg.rendezvous_id, f"aggregator {cfg.node_id}")
+    reported = NodeState.DETACHED
     while not stop.is_set():
         if machine.refusal is not None:
             log.error("aggregator %s: %s; exiting", cfg.node_id, machine.refusal.detail)
@@ -224,23 +222,10 @@ async def _stay_registered(
         if machine.state is not NodeState.DETACHED:
             await _pause(stop, 0.2)
             continue
-        attempt += 1
-        try:
-            await service.join_rendezvous(rv_host, rv_port, cfg.rendezvous_id, peer=f"rendezvous#{attempt}")
-        except (CcoError, OSError, TimeoutError) as exc:
-            log.warning(
-                "aggregator %s: rendezvous %s unreachable (%s); again in %g s",
-                cfg.node_id,
-                cfg.rendezvous,
-                exc,
-                delay,
-            )
-            await _pause(stop, delay)
-            delay = min(2 * delay, RETRY_MAX)
+        if not await redial.attempt(lambda seconds: _pause(stop, seconds)):
             continue
-        if attempt > 1:
+        if redial.attempts > 1:
             log.info("aggregator %s: registering again with rendezvous %s", cfg.node_id, cfg.rendezvous)
-        delay = RETRY_FIRST
         await _pause(stop, 0.2)
     return 0
 
