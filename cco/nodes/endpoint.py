@@ -812,14 +812,9 @@ class EndpointMachine:
         joining = self._state in (SessionState.IDLE, SessionState.JOINING)
         if not self._session_event(RENDEZVOUS_LOST):
             return []
-        out: list[Command] = []
-        if self._rendezvous is not None:
-            out.append(ClosePeer(self._rendezvous, ErrorCode.PEER_LOST, why))
-            self._rendezvous = None
-        self._next_heartbeat = None
+        out = self._close_rendezvous(why)
         if joining:
-            out.append(JoinFailed(self.config.group_id, ErrorCode.PEER_LOST, why))
-            return out + self._fail_all(ErrorCode.PEER_LOST, why, None) + self._drop_parent(why)
+            return [*out, JoinFailed(self.config.group_id, ErrorCode.PEER_LOST, why), *self._end(why)]
         self._link = LINK_TABLE.next(self._link, RENDEZVOUS_LOST)
         if self._detached_at is None:
             self._detached_at = now
@@ -868,12 +863,17 @@ class EndpointMachine:
         self._detached_at = None
         if not self._session_event(RENDEZVOUS_GONE):
             return []
-        out: list[Command] = []
-        if self._rendezvous is not None:
-            out.append(ClosePeer(self._rendezvous, ErrorCode.PEER_LOST, why))
-            self._rendezvous = None
+        return self._close_rendezvous(why) + self._end(why)
+
+    def _close_rendezvous(self, why: str) -> list[Command]:
+        """Close the rendezvous connection (if any) and stop heartbeating it."""
+        peer, self._rendezvous = self._rendezvous, None
         self._next_heartbeat = None
-        return out + self._fail_all(ErrorCode.PEER_LOST, why, None) + self._drop_parent(why)
+        return [ClosePeer(peer, ErrorCode.PEER_LOST, why)] if peer is not None else []
+
+    def _end(self, why: str) -> list[Command]:
+        """The membership is over: fail what is in flight and close the parent."""
+        return self._fail_all(ErrorCode.PEER_LOST, why, None) + self._drop_parent(why)
 
     def _drop_parent(self, why: str) -> list[Command]:
         peer, self._parent = self._parent, None
