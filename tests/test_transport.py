@@ -336,6 +336,41 @@ def test_large_and_many_small_messages_round_trip(pki: Path) -> None:
     run(test)
 
 
+def test_stray_datagrams_do_not_disturb_a_running_link(pki: Path) -> None:
+    """Datagrams no connection owns are dropped, whichever way the server routes them:
+    short headers with an unknown connection ID (the fast path), a long header that is
+    not an Initial, truncated and empty ones; the established link carries on."""
+
+    async def test() -> None:
+        async with server(pki) as (srv, accepted):
+            link = await dial(srv, pki)
+            peer = await accepted.get()
+            await exchange(link, peer, Heartbeat(seq=1))
+            host, port = srv.address
+            strays = [
+                b"",
+                b"\x40",
+                b"\x41" + bytes(8) + bytes(40),  # short header, an unknown connection ID
+                b"\x40" + b"\xff" * 60,
+                b"\xe0\x00\x00\x00\x01\x08" + bytes(8) + b"\x00" + bytes(30),  # Handshake, unknown
+            ]
+            loop = asyncio.get_running_loop()
+            sender, _ = await loop.create_datagram_endpoint(
+                asyncio.DatagramProtocol, remote_addr=(host, port)
+            )
+            try:
+                for data in strays:
+                    sender.sendto(data)
+                await asyncio.sleep(0.1)
+            finally:
+                sender.close()
+            await exchange(link, peer, Heartbeat(seq=2))
+            await exchange(peer, link, Heartbeat(seq=3))
+            assert len(srv._protocols) == 1
+
+    run(test)
+
+
 def test_data_travels_on_one_unidirectional_stream_per_group_in_order(pki: Path) -> None:
     async def test() -> None:
         async with server(pki) as (srv, accepted):

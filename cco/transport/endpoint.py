@@ -151,6 +151,14 @@ class Server(asyncio.DatagramProtocol):
 
     def datagram_received(self, data: bytes, addr: tuple[str | object, ...]) -> None:
         assert self._transport is not None
+        if data and not data[0] & 0x80:
+            # A short header (RFC 9000, section 17.3): nothing but our own connection
+            # ID after the first byte.  Nearly every datagram of a running link; no
+            # need to parse the whole header to route it.
+            known = self._routes.get(data[1 : 1 + self._quic_config.connection_id_length])
+            if known is not None:
+                known.datagram_received(data, addr)
+                return
         try:
             header = pull_quic_header(
                 Buffer(data=data), host_cid_length=self._quic_config.connection_id_length
