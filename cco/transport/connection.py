@@ -8,7 +8,8 @@ What aioquic 1.7 does not offer through its public API, and how we get it:
    the TLS context is created and, when the handshake completes, verifies the chain
    against the group CA with aioquic's own :func:`aioquic.tls.verify_certificate`.
 2. **Peer identity.**  Both sides read the peer certificate the TLS context kept
-   (``tls._peer_certificate``) and derive a :class:`NodeIdentity` from it.  A client
+   (``tls._peer_certificate``) and :func:`~cco.transport.peercheck.verified_identity`
+   (shared with the qh3 backend) derives a :class:`NodeIdentity` from it.  A client
    also checks that it reached ``expected_node_id``; we do this ourselves instead of
    through ``server_name``, because aioquic treats an all-digit name such as ``"7"``
    as an invalid host name and a dotted-quad one as an IP address.
@@ -65,11 +66,10 @@ from aioquic.quic.packet import QuicErrorCode, QuicFrameType
 from aioquic.quic.packet_builder import QuicPacketBuilder
 from aioquic.quic.recovery import QuicPacketSpace
 from aioquic.quic.stream import QuicStream
-from cryptography import x509
 
-from cco.transport.certs import NodeIdentity, identity_from_certificate
+from cco.transport.certs import NodeIdentity
+from cco.transport.peercheck import verified_identity
 from cco.transport.sendbuffer import SendBuffer
-from cco.wire.errors import CcoError
 
 ACK_DELAY = 0.020
 """Seconds an ACK may wait for data to ride on (aioquic: 1 ms; advertised maximum 25 ms)."""
@@ -107,10 +107,6 @@ class ReceiveCredit(Limit):
 
 def _alert_code(alert: tls.Alert) -> int:
     return int(QuicErrorCode.CRYPTO_ERROR) + int(alert.description)
-
-
-class _CertificateRequired(tls.Alert):
-    description = tls.AlertDescription.certificate_required
 
 
 class CcoQuicConnection(QuicConnection):
@@ -214,23 +210,10 @@ class CcoQuicConnection(QuicConnection):
             )
 
     def _verified_identity(self) -> NodeIdentity:
-        certificate: x509.Certificate | None = self.tls._peer_certificate
-        if certificate is None:
-            raise _CertificateRequired("a CCO peer must present a certificate")
-        if not self._is_client:
-            # The client verified the server's chain inside TLS (verify_mode
-            # CERT_REQUIRED); aioquic's server has no such step, so we take it here.
-            tls.verify_certificate(
-                certificate=certificate,
-                chain=self.tls._peer_certificate_chain,
-                cafile=self.configuration.cafile,
-            )
-        try:
-            identity = identity_from_certificate(certificate)
-        except CcoError as exc:
-            raise tls.AlertBadCertificate(exc.detail) from exc
-        if self._expected_node_id is not None and identity.node_id != self._expected_node_id:
-            raise tls.AlertBadCertificate(
-                f"server certificate is for {identity.node_id!r}, expected {self._expected_node_id!r}"
-            )
-        return identity
+        return verified_identity(
+            self.tls._peer_certificate,
+            self.tls._peer_certificate_chain,
+            is_client=self._is_client,
+            cafile=self.configuration.cafile,
+            expected_node_id=self._expected_node_id,
+        )
