@@ -15,11 +15,15 @@ from aioquic.asyncio.client import connect as aioquic_connect
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.packet import QuicErrorCode
 from aioquic.tls import AlertDescription
+from qh3.asyncio.client import connect as qh3_connect
+from qh3.quic.configuration import QuicConfiguration as Qh3Configuration
 
 from cco.transport import LinkClosed, LocalIdentity, PeerLink, Server, TransportConfig, connect, serve
 from cco.transport.certs import create_dev_pki
+from cco.transport.connection import CcoQuicConnection
 from cco.transport.handshake import negotiate
 from cco.transport.link import CONTROL_STREAM_ID, LinkProtocol
+from cco.transport.qh3conn import Qh3Connection
 from cco.transport.udp import BatchedUdpTransport
 from cco.wire.errors import CcoError, DecodeError, EncodeError, ErrorCode
 from cco.wire.framing import encode_frame
@@ -207,6 +211,51 @@ def test_client_without_certificate_is_refused(pki: Path) -> None:
                     == QuicErrorCode.CRYPTO_ERROR + AlertDescription.certificate_required
                 )
             assert accepted.empty()
+
+    run(test)
+
+
+def test_qh3_client_without_certificate_is_refused(pki: Path) -> None:
+    """A plain qh3 client (qh3's own TLS) answers the certificate request with none; refused."""
+
+    async def test() -> None:
+        async with server(pki) as (srv, accepted):
+            host, port = srv.address
+            plain = Qh3Configuration(is_client=True, alpn_protocols=[ALPN], verify_mode=ssl.CERT_NONE)
+            async with qh3_connect(host, port, configuration=plain) as client:
+                await asyncio.wait_for(client.wait_closed(), 5)
+                termination = client._quic._close_event
+                assert termination is not None
+                assert (
+                    termination.error_code
+                    == QuicErrorCode.CRYPTO_ERROR + AlertDescription.certificate_required
+                )
+            assert accepted.empty()
+
+    run(test)
+
+
+def test_links_run_on_the_configured_backend(pki: Path, quic_backend: str) -> None:
+    connection_class = {"aioquic": CcoQuicConnection, "qh3": Qh3Connection}[quic_backend]
+
+    async def test() -> None:
+        async with server(pki) as (srv, accepted):
+            link = await dial(srv, pki)
+            assert isinstance(protocol(link)._quic, connection_class)
+            assert isinstance(protocol(await accepted.get())._quic, connection_class)
+
+    run(test)
+
+
+@pytest.mark.parametrize(("client_backend", "server_backend"), [("aioquic", "qh3"), ("qh3", "aioquic")])
+def test_backends_interoperate(pki: Path, client_backend: str, server_backend: str) -> None:
+    async def test() -> None:
+        async with server(pki, quic_backend=server_backend) as (srv, accepted):
+            link = await dial(srv, pki, quic_backend=client_backend)
+            peer = await accepted.get()
+            assert (link.node_id, peer.node_id) == ("agg-1", "ep-1")
+            await exchange(link, peer, chunk(GROUP_A, 0, elements=1 << 18, chunks=1))  # 1 MiB
+            await exchange(peer, link, Heartbeat(seq=1))
 
     run(test)
 

@@ -8,6 +8,9 @@ from typing import Any
 
 from cco.transport.udp import BatchedUdpTransport, open_udp
 
+QUIC_BACKENDS = ("aioquic",)
+"""The UDP layer under both backends, no QUIC connection: nothing depends on the backend."""
+
 
 class Recorder(asyncio.DatagramProtocol):
     """Records datagrams and, once per loop turn, how many had arrived by then."""

@@ -37,6 +37,9 @@ from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.messages import Capabilities
 from cco.wire.registries import Collective, DType, ReduceOp, Role
 
+QUIC_BACKENDS = ("aioquic",)
+"""Pure functions and objects, no QUIC connection: nothing depends on the backend."""
+
 CAPS = Capabilities(
     dtypes=(DType.INT32, DType.INT64),
     ops=(ReduceOp.SUM,),
@@ -222,6 +225,12 @@ def test_config_for_node_paths_and_validation(tmp_path: Path) -> None:
     ):
         with pytest.raises(ValueError):
             TransportConfig.for_node(tmp_path, "ep-1", **bad)
+
+
+def test_quic_backend_is_one_we_have(tmp_path: Path) -> None:
+    assert TransportConfig.for_node(tmp_path, "ep-1", quic_backend="qh3").quic_backend == "qh3"
+    with pytest.raises(ValueError, match="quic_backend 'quiche' is not one of aioquic, qh3"):
+        TransportConfig.for_node(tmp_path, "ep-1", quic_backend="quiche")
 
 
 # --- receive credit ----------------------------------------------------------------

@@ -3,7 +3,9 @@
 Layers, lowest first: :mod:`~cco.transport.certs` (group CA, node certificates,
 identities), :mod:`~cco.transport.handshake` (Hello/HelloAck rules, pure),
 :mod:`~cco.transport.connection` (aioquic's sans-I/O connection plus mutual
-authentication and bounded credit), :mod:`~cco.transport.link` (one connection's
+authentication and bounded credit) or, with ``quic_backend="qh3"``,
+:mod:`~cco.transport.qh3conn` (qh3's native one, with aioquic's TLS), both behind
+:mod:`~cco.transport.backend`, :mod:`~cco.transport.link` (one connection's
 streams, framing and flow control over asyncio) and :mod:`~cco.transport.endpoint`
 (:func:`serve` and :func:`connect`).
 """

@@ -1,12 +1,12 @@
 """Opening links: :func:`serve` accepts CCO connections, :func:`connect` makes one.
 
 The server is our own small UDP demultiplexer rather than aioquic's ``QuicServer``,
-because that class constructs a plain ``QuicConnection`` itself and we need
-:class:`CcoQuicConnection` (client certificates, bounded credit) on every
-connection.  It does what any QUIC server must: route datagrams by destination
-connection id, answer unknown versions with Version Negotiation (RFC 9000,
-section 6), and start a connection only for a client Initial in a datagram of at
-least 1200 bytes (section 14.1).
+because that class constructs a plain ``QuicConnection`` itself and we need our
+own (client certificates, bounded credit; either backend, see
+:mod:`cco.transport.backend`) on every connection.  It does what any QUIC server
+must: route datagrams by destination connection id, answer unknown versions with
+Version Negotiation (RFC 9000, section 6), and start a connection only for a
+client Initial in a datagram of at least 1200 bytes (section 14.1).
 """
 
 from __future__ import annotations
@@ -16,23 +16,18 @@ import contextlib
 import inspect
 import logging
 import socket
-import ssl
 from collections.abc import Awaitable, Callable
-from typing import TextIO, cast
+from typing import cast
 
 from aioquic.buffer import Buffer  # type: ignore[attr-defined]  # re-exported from _buffer
-from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.logger import QuicFileLogger
 from aioquic.quic.packet import QuicPacketType, encode_quic_version_negotiation, pull_quic_header
 
-from cco.transport.certs import identity_from_certificate
+from cco.transport.backend import ConnectionFactory, Diagnostics, connection_factory
 from cco.transport.config import MIN_DATAGRAM_SIZE, TransportConfig
-from cco.transport.connection import CcoQuicConnection
 from cco.transport.handshake import LocalIdentity
 from cco.transport.link import LinkProtocol, PeerLink
 from cco.transport.udp import open_udp
 from cco.wire.errors import CcoError, ErrorCode
-from cco.wire.registries import ALPN
 
 logger = logging.getLogger(__name__)
 
@@ -40,54 +35,6 @@ ConnectionHandler = Callable[[PeerLink], Awaitable[None] | None]
 
 _CLOSE_GRACE = 3.0
 """Seconds :meth:`Server.close` waits for connections to finish their closing period."""
-
-
-class _Diagnostics:
-    """The qlog writer and TLS key log file one server or client connection owns."""
-
-    def __init__(self, config: TransportConfig) -> None:
-        self.quic_logger: QuicFileLogger | None = None
-        self.keylog: TextIO | None = None
-        if config.qlog_dir is not None:
-            config.qlog_dir.mkdir(parents=True, exist_ok=True)
-            self.quic_logger = QuicFileLogger(str(config.qlog_dir))
-        if config.keylog_file is not None:
-            self.keylog = open(config.keylog_file, "a", buffering=1)  # noqa: SIM115 (closed by close())
-
-    def close(self) -> None:
-        if self.keylog is not None:
-            self.keylog.close()
-            self.keylog = None
-
-
-def _quic_configuration(
-    config: TransportConfig, local: LocalIdentity, *, is_client: bool, diagnostics: _Diagnostics
-) -> QuicConfiguration:
-    """The aioquic configuration for one side, after checking our own certificate.
-
-    ``server_name`` stays unset: the client checks the server's identity itself
-    (see :mod:`cco.transport.connection`), so no SNI is sent.
-    """
-    quic_config = QuicConfiguration(
-        is_client=is_client,
-        alpn_protocols=[ALPN],
-        idle_timeout=config.idle_timeout,
-        max_datagram_size=config.max_datagram_size,
-        max_data=config.receive_window,
-        max_stream_data=config.receive_window,
-        quic_logger=diagnostics.quic_logger,
-        secrets_log_file=diagnostics.keylog,
-        verify_mode=ssl.CERT_REQUIRED,
-    )
-    quic_config.load_cert_chain(config.cert_file, config.key_file)
-    quic_config.load_verify_locations(cafile=str(config.ca_file))
-    own = identity_from_certificate(quic_config.certificate)
-    if (own.node_id, own.role) != (local.node_id, local.role):
-        raise ValueError(
-            f"{config.cert_file} is for {own.node_id!r} as {own.role.name.lower()}, "
-            f"not {local.node_id!r} as {local.role.name.lower()}"
-        )
-    return quic_config
 
 
 class Server(asyncio.DatagramProtocol):
@@ -98,13 +45,13 @@ class Server(asyncio.DatagramProtocol):
         config: TransportConfig,
         local: LocalIdentity,
         on_connection: ConnectionHandler,
-        quic_config: QuicConfiguration,
-        diagnostics: _Diagnostics,
+        factory: ConnectionFactory,
+        diagnostics: Diagnostics,
     ) -> None:
         self._config = config
         self._local = local
         self._on_connection = on_connection
-        self._quic_config = quic_config
+        self._factory = factory
         self._diagnostics = diagnostics
         self._transport: asyncio.DatagramTransport | None = None
         self._routes: dict[bytes, LinkProtocol] = {}
@@ -155,26 +102,24 @@ class Server(asyncio.DatagramProtocol):
             # A short header (RFC 9000, section 17.3): nothing but our own connection
             # ID after the first byte.  Nearly every datagram of a running link; no
             # need to parse the whole header to route it.
-            known = self._routes.get(data[1 : 1 + self._quic_config.connection_id_length])
+            known = self._routes.get(data[1 : 1 + self._factory.connection_id_length])
             if known is not None:
                 known.datagram_received(data, addr)
                 return
         try:
-            header = pull_quic_header(
-                Buffer(data=data), host_cid_length=self._quic_config.connection_id_length
-            )
+            header = pull_quic_header(Buffer(data=data), host_cid_length=self._factory.connection_id_length)
         except ValueError:
             return
         if (
             header.packet_type != QuicPacketType.VERSION_NEGOTIATION
             and header.version is not None
-            and header.version not in self._quic_config.supported_versions
+            and header.version not in self._factory.supported_versions
         ):
             self._transport.sendto(
                 encode_quic_version_negotiation(
                     source_cid=header.destination_cid,
                     destination_cid=header.source_cid,
-                    supported_versions=self._quic_config.supported_versions,
+                    supported_versions=self._factory.supported_versions,
                 ),
                 addr,
             )
@@ -187,11 +132,7 @@ class Server(asyncio.DatagramProtocol):
         protocol.datagram_received(data, addr)
 
     def _accept(self, original_cid: bytes) -> LinkProtocol:
-        quic = CcoQuicConnection(
-            configuration=self._quic_config,
-            receive_window=self._config.receive_window,
-            original_destination_connection_id=original_cid,
-        )
+        quic = self._factory.server(original_cid)
         protocol = LinkProtocol(quic, config=self._config, local=self._local)
         protocol.connection_made(cast(asyncio.BaseTransport, self._transport))
         routes = self._routes
@@ -259,10 +200,10 @@ async def serve(
     :meth:`Server.close`.  A handler that raises closes its link with
     INTERNAL_ERROR, never the server.
     """
-    diagnostics = _Diagnostics(config)
+    diagnostics = Diagnostics(config)
     try:
-        quic_config = _quic_configuration(config, local, is_client=False, diagnostics=diagnostics)
-        server = Server(config, local, on_connection, quic_config, diagnostics)
+        factory = connection_factory(config, local, is_client=False, diagnostics=diagnostics)
+        server = Server(config, local, on_connection, factory, diagnostics)
         udp = await open_udp(server, host, port)
         size_socket_buffers(udp, config.socket_buffer)
     except BaseException:
@@ -288,12 +229,10 @@ async def connect(
     """
     loop = asyncio.get_running_loop()
     family, _, _, _, address = (await loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM))[0]
-    diagnostics = _Diagnostics(config)
+    diagnostics = Diagnostics(config)
     try:
-        quic_config = _quic_configuration(config, local, is_client=True, diagnostics=diagnostics)
-        quic = CcoQuicConnection(
-            configuration=quic_config, receive_window=config.receive_window, expected_node_id=expected_node_id
-        )
+        factory = connection_factory(config, local, is_client=True, diagnostics=diagnostics)
+        quic = factory.client(expected_node_id)
         wildcard = "::" if family == socket.AF_INET6 else "0.0.0.0"
         protocol = LinkProtocol(quic, config=config, local=local)
         transport = await open_udp(protocol, wildcard, 0, family=family)

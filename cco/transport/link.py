@@ -1,6 +1,7 @@
 """One authenticated CCO connection: streams, framing, handshake and flow control.
 
-:class:`LinkProtocol` is the asyncio adapter over one :class:`CcoQuicConnection`;
+:class:`LinkProtocol` is the asyncio adapter over one QUIC connection of either
+backend (:class:`~cco.transport.backend.QuicLink`);
 :class:`PeerLink` is the small object the service layer holds once the session is
 open.  The mapping onto QUIC (draft section "QUIC Mapping"):
 
@@ -26,9 +27,10 @@ loop iteration.
 
 **Flow control.**  Received messages are decoded at once and queued until the
 application calls :meth:`PeerLink.receive`.  When the queued bytes exceed
-``receive_buffer`` we freeze QUIC connection credit (:class:`ReceiveCredit`), so a
-fast peer stalls instead of growing our memory; reading below half the buffer thaws
-it.  The freeze only ever waits for the application, never for the peer, so it
+``receive_buffer`` we freeze QUIC connection credit (``credit.frozen``: aioquic's
+:class:`ReceiveCredit` stops growing, qh3's core keeps the data it has not handed
+over), so a fast peer stalls instead of growing our memory; reading below half the
+buffer thaws it.  The freeze only ever waits for the application, never for the peer, so it
 cannot deadlock: a frozen link always has a message ready to read.  On the sending
 side :meth:`PeerLink.drain` waits while more than ``send_buffer`` bytes are queued
 but not yet sent.
@@ -52,11 +54,12 @@ from typing import cast
 
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.quic import events
+from aioquic.quic.connection import QuicConnection
 from aioquic.quic.packet import QuicErrorCode
 from aioquic.tls import AlertDescription
 
+from cco.transport.backend import QuicLink
 from cco.transport.config import TransportConfig
-from cco.transport.connection import CcoQuicConnection
 from cco.transport.handshake import LocalIdentity, Session, accept_hello_ack, build_hello, negotiate
 from cco.transport.udp import BatchedUdpTransport
 from cco.wire.errors import CcoError, DecodeError, ErrorCode
@@ -146,12 +149,12 @@ class LinkProtocol(QuicConnectionProtocol):
 
     def __init__(
         self,
-        quic: CcoQuicConnection,
+        quic: QuicLink,
         *,
         config: TransportConfig,
         local: LocalIdentity,
     ) -> None:
-        super().__init__(quic)
+        super().__init__(cast(QuicConnection, quic))  # aioquic's protocol uses only QuicLink methods
         self._cco = quic
         self._config = config
         self._local = replace(
@@ -266,7 +269,7 @@ class LinkProtocol(QuicConnectionProtocol):
                 credit = self._cco.credit
                 if credit.frozen and self._inbox_bytes <= self._config.receive_buffer // 2:
                     credit.frozen = False
-                    self._schedule_transmit()
+                    self._loop.call_soon(self._thaw)
                 if isinstance(item, CcoError):
                     raise item
                 return item
@@ -274,6 +277,12 @@ class LinkProtocol(QuicConnectionProtocol):
                 raise LinkClosed(*self._close_reason)
             self._readable.clear()
             await self._readable.wait()
+
+    def _thaw(self) -> None:
+        """After unfreezing: take the events a backend held back (qh3 does), send the credit."""
+        if self._close_reason is None:
+            self._process_events()
+        self._schedule_transmit()
 
     def _enqueue(self, item: Message | CcoError, size: int) -> None:
         self._inbox.append((item, size))
