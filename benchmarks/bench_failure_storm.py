@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cco.nodes.endpoint import CollectiveRequest
+from cco.nodes.calls import CollectiveRequest
 from cco.nodes.events import OperationCompleted
 from cco.nodes.sim import GroupSpec, build_cluster
 from cco.wire.messages import GroupParams

@@ -10,7 +10,7 @@ Two faces over one endpoint session (:class:`~cco.nodes.endpoint.EndpointMachine
 Every result has passed verification (range, contributor bitmap and homomorphic
 tag, or the hop-by-hop checks for MIN/MAX/bitwise ops) before it is returned.  Every
 failure is an :class:`~cco.wire.errors.CcoError`; failures of a collective are
-:class:`~cco.nodes.endpoint.OperationError`, which names the group, the operation and
+:class:`~cco.nodes.calls.OperationError`, which names the group, the operation and
 the missing ranks when they are known.  Collectives must be called in the same order
 on every rank, as with torch.distributed.
 """
@@ -31,14 +31,9 @@ import numpy as np
 
 from cco.config import parse_hostport
 from cco.nodes.aggregator import AggregatorConfig, AggregatorMachine
-from cco.nodes.endpoint import (
-    CollectiveRequest,
-    EndpointConfig,
-    EndpointMachine,
-    LinkState,
-    Prepared,
-    SessionState,
-)
+from cco.nodes.calls import CollectiveRequest, EndpointConfig
+from cco.nodes.endpoint import EndpointMachine, Prepared
+from cco.nodes.endpoint_states import LinkState, SessionState
 from cco.nodes.events import Command, Joined, JoinFailed, OperationCompleted, OperationFailed
 from cco.nodes.operation import Quorum
 from cco.nodes.rendezvous import FALLBACK_LABEL

@@ -19,7 +19,7 @@ import pytest
 import reference
 
 from cco.nodes.aggregator import AggregatorMachine
-from cco.nodes.endpoint import CollectiveRequest
+from cco.nodes.calls import CollectiveRequest
 from cco.nodes.events import Command, Input, OperationCompleted, OperationFailed, SendMessage
 from cco.nodes.sim import Deployment, GroupSpec, build_cluster
 from cco.wire.dtypes import ELEMENT_TYPES, round_to_bfloat16

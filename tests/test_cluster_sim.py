@@ -20,9 +20,11 @@ import reference
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cco.nodes import aggregator, endpoint
+from cco.nodes import aggregator, endpoint_states
 from cco.nodes.aggregator import AggregatorConfig, AggregatorMachine
-from cco.nodes.endpoint import CollectiveRequest, EndpointMachine, OperationError, SessionState
+from cco.nodes.calls import CollectiveRequest, OperationError
+from cco.nodes.endpoint import EndpointMachine
+from cco.nodes.endpoint_states import SessionState
 from cco.nodes.events import Command, Input, OperationCompleted, OperationFailed, SendMessage
 from cco.nodes.rendezvous import FALLBACK_LABEL
 from cco.nodes.sim import Deployment, GroupSpec, build_cluster, sim_address
@@ -801,7 +803,7 @@ FIGURES = {
 
 def render(xml: str) -> str:
     """``xml`` with every figure of :data:`FIGURES` holding its table's current diagram."""
-    tables = {table.name: table for table in (*aggregator.TABLES, *endpoint.TABLES)}
+    tables = {table.name: table for table in (*aggregator.TABLES, *endpoint_states.TABLES)}
     assert set(tables) == set(FIGURES), "every table has a figure"
     for name, anchor in FIGURES.items():
         pattern = re.compile(

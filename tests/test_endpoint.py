@@ -23,18 +23,10 @@ import reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cco.nodes import endpoint as ep
-from cco.nodes.endpoint import (
-    OPERATION_TABLE,
-    SESSION_TABLE,
-    CollectiveRequest,
-    EndpointConfig,
-    EndpointMachine,
-    LinkState,
-    OperationError,
-    OperationState,
-    SessionState,
-)
+from cco.nodes import endpoint_states as states
+from cco.nodes.calls import CollectiveRequest, EndpointConfig, OperationError
+from cco.nodes.endpoint import EndpointMachine
+from cco.nodes.endpoint_states import OPERATION_TABLE, SESSION_TABLE, LinkState, SessionState
 from cco.nodes.events import (
     ClosePeer,
     Command,
@@ -52,7 +44,7 @@ from cco.nodes.events import (
     TimerFired,
 )
 from cco.nodes.fsm import TransitionTable
-from cco.nodes.operation import Quorum
+from cco.nodes.operation import OperationState, Quorum
 from cco.wire import payload
 from cco.wire.blockscale import SCALE_MAX
 from cco.wire.dtypes import ELEMENT_TYPES
@@ -1075,31 +1067,31 @@ def _session_input(rig: Rig, event: str, n: int) -> Input | Callable[[], list[Co
     own = payload.seal(KEYS, int_header(n, epoch, 1), RANK, np.zeros(1, dtype=np.int64))
     result = dataclasses.replace(result_for(own), tag=(n * 7919) % 1000)
     inputs: dict[str, Input | Callable[[], list[Command]]] = {
-        ep.RENDEZVOUS_CONNECTED: PeerConnected(f"rv{n}", "rendezvous", Role.RENDEZVOUS),
+        states.RENDEZVOUS_CONNECTED: PeerConnected(f"rv{n}", "rendezvous", Role.RENDEZVOUS),
         "JoinAccept": MessageReceived("rv", accept()),
         "JoinReject": MessageReceived("rv", JoinReject(group_id=GROUP, code=ErrorCode.GROUP_FULL, detail="")),
-        ep.ERROR_RENDEZVOUS: MessageReceived("rv", Error(code=ErrorCode.INTERNAL_ERROR, detail=str(n))),
+        states.ERROR_RENDEZVOUS: MessageReceived("rv", Error(code=ErrorCode.INTERNAL_ERROR, detail=str(n))),
         "Heartbeat": MessageReceived("rv", Heartbeat(seq=n)),
-        ep.RENDEZVOUS_LOST: PeerDisconnected("rv", ErrorCode.PEER_LOST),
-        ep.RENDEZVOUS_GONE: lambda: [
+        states.RENDEZVOUS_LOST: PeerDisconnected("rv", ErrorCode.PEER_LOST),
+        states.RENDEZVOUS_GONE: lambda: [
             *rig.feed(PeerDisconnected("rv", ErrorCode.PEER_LOST)),
             *rig.timer(rig.now + rig.machine.config.rendezvous_grace),
         ],
-        ep.LEAVE: lambda: rig.machine.leave(rig.now),
-        ep.TREE_DIAL: MessageReceived("rv", tree(epoch=epoch, parent=PARENT2)),
-        ep.TREE_CONNECTED: MessageReceived("rv", tree(epoch=epoch, parent=PARENT)),
-        ep.PARENT_CONNECTED: PeerConnected(parent, "leaf", Role.AGGREGATOR),
-        ep.PARENT_LOST: PeerDisconnected(parent, ErrorCode.PEER_LOST),
+        states.LEAVE: lambda: rig.machine.leave(rig.now),
+        states.TREE_DIAL: MessageReceived("rv", tree(epoch=epoch, parent=PARENT2)),
+        states.TREE_CONNECTED: MessageReceived("rv", tree(epoch=epoch, parent=PARENT)),
+        states.PARENT_CONNECTED: PeerConnected(parent, "leaf", Role.AGGREGATOR),
+        states.PARENT_LOST: PeerDisconnected(parent, ErrorCode.PEER_LOST),
         "EpochChange": MessageReceived(
             "rv", EpochChange(group_id=GROUP, epoch=epoch + 1, members=b"\x0f", code=ErrorCode.NO_ERROR)
         ),
-        ep.START: lambda: rig.start(CollectiveRequest(kind=Collective.BARRIER))[1],
+        states.START: lambda: rig.start(CollectiveRequest(kind=Collective.BARRIER))[1],
         "Result": MessageReceived(parent, result),
         "BroadcastData": MessageReceived(parent, root_chunks(np.arange(3), op_id=n, epoch=epoch)[0]),
         "Abort": MessageReceived(
             parent, Abort(group_id=GROUP, epoch=epoch, op_id=n, code=ErrorCode.ABORTED, detail="")
         ),
-        ep.ERROR_PARENT: MessageReceived(parent, Error(code=ErrorCode.RESOURCE_EXHAUSTED, detail="full")),
+        states.ERROR_PARENT: MessageReceived(parent, Error(code=ErrorCode.RESOURCE_EXHAUSTED, detail="full")),
         "RetransmitRequest": MessageReceived(
             parent, RetransmitRequest(group_id=GROUP, epoch=epoch, op_id=n, chunks=(0,))
         ),
@@ -1111,8 +1103,8 @@ def _session_input(rig: Rig, event: str, n: int) -> Input | Callable[[], list[Co
 def _session_realised(rig: Rig, event: str) -> str:
     """TreeAssignment naming the current parent is a dial unless that parent is up."""
     up = rig.machine.state in (SessionState.READY, SessionState.REPLANNING)
-    if event == ep.TREE_CONNECTED and not up:
-        return ep.TREE_DIAL
+    if event == states.TREE_CONNECTED and not up:
+        return states.TREE_DIAL
     return event
 
 
@@ -1120,7 +1112,10 @@ def _drive_session(state: SessionState, event: str, n: int) -> None:
     rig = _session_in(state)
     action = _session_input(rig, event, n)
     actual = _session_realised(rig, event)
-    data_possible = event not in (*ep._DATA, ep.PARENT_CONNECTED, ep.PARENT_LOST) or rig.parent is not None
+    data_possible = (
+        event not in (*states.DATA_EVENTS, states.PARENT_CONNECTED, states.PARENT_LOST)
+        or rig.parent is not None
+    )
     if callable(action):
         try:
             out = action()

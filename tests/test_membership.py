@@ -17,7 +17,7 @@ import pytest
 from test_services import Cluster, run
 
 from cco.client import Communicator, GroupSpec
-from cco.nodes.endpoint import OperationError
+from cco.nodes.calls import OperationError
 from cco.transport import create_dev_pki
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.registries import ReduceOp, Role

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cco.nodes.endpoint import CollectiveRequest, OperationError
+from cco.nodes.calls import CollectiveRequest, OperationError
 from cco.nodes.events import Command, OperationCompleted, OperationFailed
 from cco.nodes.operation import Quorum
 from cco.nodes.sim import Deployment, GroupSpec, build_cluster

@@ -18,7 +18,7 @@ import pytest
 
 from cco.client import BlockingCommunicator, Communicator, GroupSpec
 from cco.nodes.aggregator import AggregatorConfig, AggregatorMachine
-from cco.nodes.endpoint import OperationError
+from cco.nodes.calls import OperationError
 from cco.nodes.events import Command, ConnectTo, Input, PeerDisconnected, TimerFired
 from cco.nodes.rendezvous import RendezvousConfig, RendezvousMachine
 from cco.services.node import NodeService

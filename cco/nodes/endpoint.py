@@ -36,7 +36,9 @@ rendezvous names as its parent, and runs collectives over that tree:
 
 What an operation holds and how its chunks are encoded and decoded lives in
 :mod:`cco.nodes.operation`: besides the caller's array and the result, a few
-chunks' worth of memory, whatever the tensor size.
+chunks' worth of memory, whatever the tensor size.  The states and transition
+tables are in :mod:`cco.nodes.endpoint_states`, the caller's request and failure
+types in :mod:`cco.nodes.calls`.
 
 Every failure reaches the caller as :class:`OperationFailed` carrying an
 :class:`OperationError`, which names the group, the operation, the collective and,
@@ -49,10 +51,41 @@ import dataclasses
 import hmac
 from collections import OrderedDict
 from dataclasses import dataclass
-from enum import Enum
 
 import numpy as np
 
+from cco.nodes.calls import TREE_FAILURES, CollectiveRequest, EndpointConfig, OperationError
+from cco.nodes.endpoint_states import (
+    ABORTED,
+    ALL_SENT,
+    BAD_CHUNK,
+    CHUNK,
+    DATA_EVENTS,
+    DEADLINE,
+    DUPLICATE,
+    ERROR_PARENT,
+    ERROR_RENDEZVOUS,
+    LAST_CHUNK,
+    LEAVE,
+    LINK_TABLE,
+    LOST,
+    OPERATION_TABLE,
+    PARENT_CONNECTED,
+    PARENT_LOST,
+    RENDEZVOUS_CONNECTED,
+    RENDEZVOUS_GONE,
+    RENDEZVOUS_LOST,
+    RESENT,
+    RESTART,
+    RESUMED,
+    SENT,
+    SESSION_TABLE,
+    START,
+    TREE_CONNECTED,
+    TREE_DIAL,
+    LinkState,
+    SessionState,
+)
 from cco.nodes.events import (
     ClosePeer,
     Command,
@@ -70,7 +103,6 @@ from cco.nodes.events import (
     SendMessage,
     TimerFired,
 )
-from cco.nodes.fsm import TransitionTable
 from cco.nodes.operation import (
     Operation,
     OperationState,
@@ -111,269 +143,9 @@ from cco.wire.ops import CONSISTENCY_OPS, SUM_KINDS, Form, check_operation, form
 from cco.wire.packing import WIDTHS, unpack
 from cco.wire.registries import Collective, DType, ReduceOp, Role
 
-# --- states and transition tables -------------------------------------------------
-
-
-class SessionState(Enum):
-    """One group membership, from the rendezvous connection to leaving."""
-
-    IDLE = "idle"  # waiting for the rendezvous connection
-    JOINING = "joining"  # JoinRequest sent
-    ACCEPTED = "accepted"  # JoinAccept received; waiting for the first tree
-    CONNECTING = "connecting"  # first tree received; dialling the parent
-    READY = "ready"  # parent connected: collectives run
-    REPLANNING = "replanning"  # the epoch changed; waiting for the new tree
-    RECONNECTING = "reconnecting"  # new tree or lost parent; dialling the parent
-    REJECTED = "rejected"  # JoinReject (terminal)
-    LEFT = "left"  # leave() (terminal)
-    CLOSED = "closed"  # the rendezvous is gone for good (terminal)
-
-
-class LinkState(Enum):
-    """The joined session's connection to the rendezvous, beside the session state."""
-
-    ATTACHED = "attached"
-    DETACHED = "detached"  # lost: the I/O layer dials again; collectives go on
-    RESUMING = "resuming"  # connected again, the JoinRequest that resumes sent
-
-
-RENDEZVOUS_CONNECTED = "rendezvous connected"
-RENDEZVOUS_LOST = "rendezvous lost"
-RENDEZVOUS_GONE = "rendezvous gone"  # not back within the grace, or back without this membership
-RESUMED = "JoinAccept [same membership]"
-TREE_CONNECTED = "TreeAssignment [parent up]"
-TREE_DIAL = "TreeAssignment [dial parent]"
-PARENT_CONNECTED = "parent connected"
-PARENT_LOST = "parent lost"
-START = "start()"
-LEAVE = "leave()"
-ERROR_RENDEZVOUS = "Error [rendezvous]"
-ERROR_PARENT = "Error [parent]"
-
-_S = SessionState
-_LIVE = (_S.JOINING, _S.ACCEPTED, _S.CONNECTING, _S.READY, _S.REPLANNING, _S.RECONNECTING)
-_DATA = {
-    "Result": None,
-    "BroadcastData": None,
-    "Abort": None,
-    "RetransmitRequest": None,
-    "ChunkAck": None,
-    ERROR_PARENT: None,
-}
-
-
-def _moves(state: SessionState, specific: dict[str, SessionState]) -> dict[str, SessionState]:
-    """``specific`` plus what every live state allows: heartbeats, reports, the loss of
-    the rendezvous (which only detaches a session that has joined), leave()."""
-    common = {
-        "Heartbeat": state,
-        ERROR_RENDEZVOUS: state,
-        RENDEZVOUS_LOST: _S.CLOSED if state is _S.JOINING else state,
-        RENDEZVOUS_GONE: _S.CLOSED,
-        LEAVE: _S.LEFT,
-    }
-    return {**common, **specific}
-
-
-SESSION_TABLE: TransitionTable[SessionState] = TransitionTable(
-    "endpoint session",
-    {
-        _S.IDLE: {RENDEZVOUS_CONNECTED: _S.JOINING, LEAVE: _S.LEFT},
-        _S.JOINING: _moves(
-            _S.JOINING, {"JoinAccept": _S.ACCEPTED, "JoinReject": _S.REJECTED, ERROR_RENDEZVOUS: _S.REJECTED}
-        ),
-        _S.ACCEPTED: _moves(_S.ACCEPTED, {TREE_DIAL: _S.CONNECTING, "EpochChange": _S.ACCEPTED}),
-        _S.CONNECTING: _moves(
-            _S.CONNECTING,
-            {
-                PARENT_CONNECTED: _S.READY,
-                PARENT_LOST: _S.CONNECTING,
-                TREE_DIAL: _S.CONNECTING,
-                "EpochChange": _S.ACCEPTED,
-            },
-        ),
-        _S.READY: _moves(
-            _S.READY,
-            {
-                START: _S.READY,
-                **dict.fromkeys(_DATA, _S.READY),
-                PARENT_LOST: _S.RECONNECTING,
-                TREE_DIAL: _S.RECONNECTING,
-                TREE_CONNECTED: _S.READY,
-                "EpochChange": _S.REPLANNING,
-            },
-        ),
-        _S.REPLANNING: _moves(
-            _S.REPLANNING,
-            {
-                START: _S.REPLANNING,
-                **dict.fromkeys(_DATA, _S.REPLANNING),
-                PARENT_LOST: _S.REPLANNING,
-                TREE_DIAL: _S.RECONNECTING,
-                TREE_CONNECTED: _S.READY,
-                "EpochChange": _S.REPLANNING,
-            },
-        ),
-        _S.RECONNECTING: _moves(
-            _S.RECONNECTING,
-            {
-                START: _S.RECONNECTING,
-                PARENT_CONNECTED: _S.READY,
-                PARENT_LOST: _S.RECONNECTING,
-                TREE_DIAL: _S.RECONNECTING,
-                "EpochChange": _S.REPLANNING,
-            },
-        ),
-        _S.REJECTED: {LEAVE: _S.REJECTED},
-        _S.LEFT: {LEAVE: _S.LEFT},
-        _S.CLOSED: {LEAVE: _S.CLOSED},
-    },
-)
-
-SENT = "chunk sent"
-ALL_SENT = "all chunks sent"
-CHUNK = "chunk verified"
-LAST_CHUNK = "last chunk verified"
-DUPLICATE = "duplicate chunk"
-RESENT = "chunk sent again"
-BAD_CHUNK = "chunk refused"
-ABORTED = "Abort"
-DEADLINE = "deadline"
-LOST = "members lost or session over"
-RESTART = "tree lost"
-
-_O = OperationState
-_ENDINGS = {
-    BAD_CHUNK: _O.FAILED,
-    ABORTED: _O.FAILED,
-    DEADLINE: _O.FAILED,
-    LOST: _O.FAILED,
-    RESTART: _O.QUEUED,
-}
-OPERATION_TABLE: TransitionTable[OperationState] = TransitionTable(
-    "endpoint operation",
-    {
-        # a presence pass may complete before it sent: a quorum went on without this rank
-        _O.QUEUED: {SENT: _O.SENDING, ALL_SENT: _O.AWAITING, LAST_CHUNK: _O.COMPLETED, **_ENDINGS},
-        _O.SENDING: {
-            SENT: _O.SENDING,
-            ALL_SENT: _O.AWAITING,
-            CHUNK: _O.SENDING,
-            DUPLICATE: _O.SENDING,
-            RESENT: _O.SENDING,
-            **_ENDINGS,
-        },
-        _O.AWAITING: {
-            CHUNK: _O.AWAITING,
-            LAST_CHUNK: _O.COMPLETED,
-            DUPLICATE: _O.AWAITING,
-            RESENT: _O.AWAITING,
-            **_ENDINGS,
-        },
-    },
-)
-
-_L = LinkState
-LINK_TABLE: TransitionTable[LinkState] = TransitionTable(
-    "endpoint rendezvous link",
-    {
-        _L.ATTACHED: {RENDEZVOUS_LOST: _L.DETACHED},
-        _L.DETACHED: {RENDEZVOUS_CONNECTED: _L.RESUMING, RENDEZVOUS_LOST: _L.DETACHED},
-        _L.RESUMING: {RESUMED: _L.ATTACHED, RENDEZVOUS_LOST: _L.DETACHED},
-    },
-)
-
-TABLES = (SESSION_TABLE, LINK_TABLE, OPERATION_TABLE)
-
-
-def diagrams() -> str:
-    """The endpoint's state diagrams, exactly as the draft shows them."""
-    return "\n\n".join(t.to_ascii() for t in TABLES)
-
-
 _FINISHED = (OperationState.COMPLETED, OperationState.FAILED)
 _TERMINAL = (SessionState.REJECTED, SessionState.LEFT, SessionState.CLOSED)
 _HELD_BACK = (OperationState.QUEUED, OperationState.SENDING)
-
-
-# --- the public pieces --------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EndpointConfig:
-    """Who this session is in which group.
-
-    ``early_limit`` bounds the chunks kept for operations this rank has not started
-    yet (a broadcast root may run ahead of a receiver); ``retry_interval`` is the
-    pause before dialling a lost parent again.
-
-    ``elastic`` chooses what happens when members leave or die.  By default
-    (strict) the operations in flight fail naming the lost ranks, and so does every
-    later operation until the application calls
-    :meth:`EndpointMachine.accept_membership`: nothing is ever computed over fewer
-    ranks than the caller agreed to.  With ``elastic`` the new membership is
-    accepted at the epoch change itself: the operations in flight still fail (that
-    failure is how the application learns the new members), later ones run over the
-    survivors, and AVG divides by their number.
-
-    ``rendezvous_grace`` is how long a joined session outlives the loss of the
-    rendezvous: collectives go on over the current tree meanwhile, and a rendezvous
-    back within it that kept the group resumes the membership; after it, or when
-    the rendezvous answers the resuming JoinRequest with another membership, the
-    session closes and everything in flight fails with PEER_LOST.
-    """
-
-    group_id: bytes
-    world_size: int
-    credential: bytes
-    rank: int | None = None
-    labels: tuple[str, ...] = ()
-    early_limit: int = 1 << 16
-    retry_interval: float = 1.0
-    elastic: bool = False
-    rendezvous_grace: float = 60.0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CollectiveRequest:
-    """One collective call.
-
-    ``array`` is the rank's input (for a broadcast receiver, optional: its shape is
-    used for the result).  The operation reads it until it completes, encoding each
-    chunk when the chunk is sent (again) or checked against the result, so the caller
-    must not modify it before then, as with torch.distributed's asynchronous
-    operations (a value changed to one that does not encode fails the operation);
-    only an array that is not C-contiguous is copied, once, at start.
-    ``root`` names the root of REDUCE and BROADCAST.  ``width`` is the bits per
-    element on the wire of a float SUM or AVG (8, 16, 32 or 64; default: the
-    group's ``float_width``, else the dtype's own width; every rank must pass the
-    same one): narrower is exact, deterministic compression, each element of the
-    result within about c x M / Q of the exact sum, M being the largest magnitude in
-    its block of ``block_elements`` elements on any rank, c the contributors and
-    Q = floor(min(2^(width-1) - 1, B) / world_size) (draft section "Block Scales").
-
-    ``quorum`` chooses the quorum policy for an ALL_REDUCE (default: strict, every
-    accepted member contributes): the result is over at least ``quorum.min_ranks``
-    members, those that came within ``quorum.wait`` seconds, and
-    :class:`~cco.nodes.events.OperationCompleted` names them; AVG divides by their
-    number.  Every rank must pass the same policy.
-
-    ``timeout`` in seconds bounds the whole operation.  None (the default) is a
-    watchdog instead: the operation fails when none of its chunks completes for the
-    group's operation timeout plus one heartbeat interval (so that the tree's Abort,
-    which names the missing ranks, normally arrives first), however long a large
-    operation on a slow link takes in all.  ``dtype`` is needed only for BFLOAT16
-    (carried in float32 arrays); otherwise it follows ``array.dtype``.
-    """
-
-    kind: Collective
-    op: ReduceOp = ReduceOp.SUM
-    array: np.ndarray | None = None
-    root: int | None = None
-    width: int | None = None
-    timeout: float | None = None
-    dtype: DType | None = None
-    quorum: Quorum | None = None
 
 
 @dataclass(slots=True)
@@ -407,36 +179,6 @@ class Prepared:
         except CcoError as error:
             self.error = error
         self.computed = True
-
-
-TREE_FAILURES = frozenset({ErrorCode.PEER_LOST, ErrorCode.STALE_EPOCH})
-"""Abort codes that say the tree failed, not the data: the operation starts again in
-the next tree instead of failing."""
-
-
-class OperationError(CcoError):
-    """Why one collective failed, with who and what was missing."""
-
-    def __init__(
-        self,
-        code: ErrorCode,
-        detail: str,
-        *,
-        group_id: bytes,
-        op_id: int,
-        kind: Collective,
-        missing_ranks: frozenset[int] | None = None,
-        missing_chunks: tuple[int, ...] = (),
-    ) -> None:
-        ranks = "unknown" if missing_ranks is None else ranks_text(missing_ranks)
-        super().__init__(
-            code, f"group {group_id.hex()} op {op_id} {kind.name}: {detail}; missing ranks {ranks}"
-        )
-        self.group_id = group_id
-        self.op_id = op_id
-        self.kind = kind
-        self.missing_ranks = missing_ranks
-        self.missing_chunks = missing_chunks
 
 
 _NUMPY_DTYPES: dict[np.dtype[np.generic], DType] = {
@@ -996,7 +738,7 @@ class EndpointMachine:
         if isinstance(message, Heartbeat):
             return []
         name = ERROR_PARENT if isinstance(message, Error) else type(message).__name__
-        if name not in _DATA or not self._session_event(name):
+        if name not in DATA_EVENTS or not self._session_event(name):
             return [
                 refuse(
                     self._parent,
@@ -1519,16 +1261,4 @@ class EndpointMachine:
             raise CcoError(ErrorCode.INVALID_FIELD, f"quorum wait {quorum.wait} s is not in (0, 86400]")
 
 
-__all__ = [
-    "OPERATION_TABLE",
-    "SESSION_TABLE",
-    "TABLES",
-    "CollectiveRequest",
-    "EndpointConfig",
-    "EndpointMachine",
-    "OperationError",
-    "OperationState",
-    "Prepared",
-    "SessionState",
-    "diagrams",
-]
+__all__ = ["EndpointMachine", "Prepared"]

@@ -33,7 +33,9 @@ from functools import partial
 from typing import Protocol
 
 from cco.nodes.aggregator import AggregatorConfig, AggregatorMachine
-from cco.nodes.endpoint import CollectiveRequest, EndpointConfig, EndpointMachine, SessionState
+from cco.nodes.calls import CollectiveRequest, EndpointConfig
+from cco.nodes.endpoint import EndpointMachine
+from cco.nodes.endpoint_states import SessionState
 from cco.nodes.events import (
     ClosePeer,
     Command,

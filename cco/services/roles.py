@@ -26,7 +26,7 @@ import numpy as np
 from cco.client import Communicator, GroupSpec
 from cco.config import NodeConfig, parse_hostport
 from cco.nodes.aggregator import AggregatorConfig, AggregatorMachine, NodeState
-from cco.nodes.endpoint import CollectiveRequest
+from cco.nodes.calls import CollectiveRequest
 from cco.nodes.operation import Quorum
 from cco.nodes.rendezvous import GroupConfig, RendezvousConfig, RendezvousMachine
 from cco.services.node import NodeService, Redialer
