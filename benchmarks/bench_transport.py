@@ -3,16 +3,19 @@
 Sends ``--total-mib`` MiB as Contribution messages of ``--chunk-mib`` MiB payload
 from a client to a server in this process, once per ``--datagram-sizes`` value, and
 reports the goodput (payload bytes / time from the first send to the last message
-decoded by the receiver).  Prints a table and writes JSON to
-``benchmarks/results/bench_transport.json``.
+decoded by the receiver) and the CPU time the process spent on it (both sides).
+``--backend`` picks the QUIC implementation (``TransportConfig.quic_backend``).
+Prints a table and writes JSON to ``benchmarks/results/bench_transport.json``
+(``bench_transport_qh3.json`` for the qh3 backend).
 
-    .venv/bin/python benchmarks/bench_transport.py [--total-mib 64] [--repeats 3]
+    .venv/bin/python benchmarks/bench_transport.py [--total-mib 64] [--repeats 3] [--backend qh3]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import json
 import platform
 import statistics
@@ -24,11 +27,12 @@ from typing import Any
 import aioquic
 
 from cco.transport import LocalIdentity, PeerLink, TransportConfig, connect, create_dev_pki, serve
+from cco.transport.config import QUIC_BACKENDS
 from cco.wire.messages import Capabilities, Contribution
 from cco.wire.registries import Collective, DType, ReduceOp, Role
 
 MiB = 1 << 20
-RESULTS = Path(__file__).resolve().parent / "results" / "bench_transport.json"
+RESULTS = Path(__file__).resolve().parent / "results"
 CAPS = Capabilities(
     dtypes=(DType.INT64,),
     ops=(ReduceOp.SUM,),
@@ -63,31 +67,34 @@ def make_chunks(total_mib: int, chunk_mib: int) -> list[Contribution]:
     ]
 
 
-async def transfer(pki: Path, datagram_size: int, chunks: list[Contribution]) -> float:
-    """Seconds from the first send to the last chunk received and decoded."""
-    done: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+async def transfer(
+    pki: Path, datagram_size: int, backend: str, chunks: list[Contribution]
+) -> tuple[float, float]:
+    """Seconds from the first send to the last chunk received and decoded: (wall, CPU)."""
+    done: asyncio.Future[tuple[float, float]] = asyncio.get_running_loop().create_future()
 
     async def receive_all(link: PeerLink) -> None:
         for _ in chunks:
             await link.receive()
-        done.set_result(time.perf_counter())
+        done.set_result((time.perf_counter(), time.process_time()))
 
-    server_config = TransportConfig.for_node(pki, "agg-1", max_datagram_size=datagram_size)
-    client_config = TransportConfig.for_node(pki, "ep-1", max_datagram_size=datagram_size)
+    settings: dict[str, Any] = {"max_datagram_size": datagram_size, "quic_backend": backend}
+    server_config = TransportConfig.for_node(pki, "agg-1", **settings)
+    client_config = TransportConfig.for_node(pki, "ep-1", **settings)
     server = await serve(
         "127.0.0.1", 0, server_config, LocalIdentity("agg-1", Role.AGGREGATOR, CAPS), receive_all
     )
     try:
         host, port = server.address
         link = await connect(host, port, client_config, LocalIdentity("ep-1", Role.ENDPOINT, CAPS), "agg-1")
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         for message in chunks:
             link.send(message)
             await link.drain()
-        end = await asyncio.wait_for(done, timeout=120)
+        end, end_cpu = await asyncio.wait_for(done, timeout=120)
         link.close()
         await link.wait_closed()
-        return end - start
+        return end - start, end_cpu - start_cpu
     finally:
         await server.close()
 
@@ -100,6 +107,7 @@ def main() -> None:
     parser.add_argument("--chunk-mib", type=int, default=1)
     parser.add_argument("--datagram-sizes", type=int, nargs="+", default=[1452, 16000])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--backend", choices=QUIC_BACKENDS, default="aioquic")
     args = parser.parse_args()
 
     chunks = make_chunks(args.total_mib, args.chunk_mib)
@@ -109,7 +117,9 @@ def main() -> None:
         pki = Path(directory)
         create_dev_pki(pki, [("agg-1", Role.AGGREGATOR), ("ep-1", Role.ENDPOINT)])
         for size in args.datagram_sizes:
-            seconds = [asyncio.run(transfer(pki, size, chunks)) for _ in range(args.repeats)]
+            runs = [asyncio.run(transfer(pki, size, args.backend, chunks)) for _ in range(args.repeats)]
+            seconds = [wall for wall, _ in runs]
+            cpu_seconds = [cpu for _, cpu in runs]
             best, median = min(seconds), statistics.median(seconds)
             rows.append(
                 {
@@ -117,35 +127,43 @@ def main() -> None:
                     "payload_bytes": payload_bytes,
                     "messages": len(chunks),
                     "seconds": seconds,
+                    "cpu_seconds": cpu_seconds,
                     "median_seconds": median,
                     "median_mb_per_s": payload_bytes / median / 1e6,
                     "best_mb_per_s": payload_bytes / best / 1e6,
+                    "median_cpu_ms_per_mib": statistics.median(cpu_seconds) * 1e3 * MiB / payload_bytes,
                 }
             )
 
     print(
         f"{args.total_mib} MiB as {len(chunks)} chunk messages of {args.chunk_mib} MiB, "
-        "loopback, one connection"
+        f"loopback, one connection, {args.backend}"
     )
-    print(f"{'datagram':>9} {'median s':>9} {'MB/s (median)':>14} {'MB/s (best)':>12}")
+    print(f"{'datagram':>9} {'median s':>9} {'MB/s (median)':>14} {'MB/s (best)':>12} {'CPU ms/MiB':>11}")
     for row in rows:
         print(
             f"{row['max_datagram_size']:>9} {row['median_seconds']:>9.2f} "
-            f"{row['median_mb_per_s']:>14.1f} {row['best_mb_per_s']:>12.1f}"
+            f"{row['median_mb_per_s']:>14.1f} {row['best_mb_per_s']:>12.1f} "
+            f"{row['median_cpu_ms_per_mib']:>11.1f}"
         )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    results = RESULTS / (
+        "bench_transport.json" if args.backend == "aioquic" else f"bench_transport_{args.backend}.json"
+    )
+    results.parent.mkdir(parents=True, exist_ok=True)
     report = {
         "benchmark": "bench_transport",
+        "backend": args.backend,
         "python": platform.python_version(),
         "aioquic": aioquic.__version__,
+        "qh3": importlib.metadata.version("qh3") if args.backend == "qh3" else None,
         "machine": platform.machine(),
         "total_mib": args.total_mib,
         "chunk_mib": args.chunk_mib,
         "repeats": args.repeats,
         "results": rows,
     }
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    results.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {results}")
 
 
 if __name__ == "__main__":
