@@ -17,17 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cco.nodes import aggregator as agg
-from cco.nodes.aggregator import (
-    GROUP_TABLE,
-    NODE_TABLE,
-    SLOT_TABLE,
-    AggregatorConfig,
-    AggregatorMachine,
-    GroupState,
-    NodeState,
-    SlotState,
-)
+from cco.nodes import aggregator_states as states
+from cco.nodes.aggregator import AggregatorConfig, AggregatorMachine
+from cco.nodes.aggregator_states import GROUP_TABLE, NODE_TABLE, SLOT_TABLE, GroupState, NodeState, SlotState
 from cco.nodes.events import (
     ClosePeer,
     Command,
@@ -759,7 +751,7 @@ def _node_in(state: NodeState) -> Rig:
 
 
 _NODE_INPUTS: dict[str, Callable[[Rig, int], Input]] = {
-    agg.RENDEZVOUS_CONNECTED: lambda rig, n: PeerConnected(f"rv{n}", "rendezvous", Role.RENDEZVOUS),
+    states.RENDEZVOUS_CONNECTED: lambda rig, n: PeerConnected(f"rv{n}", "rendezvous", Role.RENDEZVOUS),
     "AggregatorAccept": lambda rig, n: MessageReceived(
         "rv", AggregatorAccept(node_id=f"a{n}", heartbeat_interval_ms=100)
     ),
@@ -769,7 +761,7 @@ _NODE_INPUTS: dict[str, Callable[[Rig, int], Input]] = {
         "rv", EpochChange(group_id=GROUP, epoch=n + 2, members=b"\x01", code=ErrorCode.NO_ERROR)
     ),
     "Error": lambda rig, n: MessageReceived("rv", Error(code=ErrorCode.UNAUTHORIZED, detail=f"no {n}")),
-    agg.RENDEZVOUS_LOST: lambda rig, n: PeerDisconnected("rv", ErrorCode.PEER_LOST),
+    states.RENDEZVOUS_LOST: lambda rig, n: PeerDisconnected("rv", ErrorCode.PEER_LOST),
 }
 
 
@@ -837,29 +829,29 @@ def _group_input(g: GroupRig, event: str) -> list[Input]:
     """Inputs realising ``event``; all but the last only prepare it."""
     rig = g.rig
     epoch = rig.machine.group_epoch(GROUP) or 1
-    if event == agg.CHUNK_UP:
+    if event == states.CHUNK_UP:
         return [MessageReceived("ep0", chunk(0, epoch=epoch))]
-    if event == agg.CHUNK_DOWN:
+    if event == states.CHUNK_DOWN:
         result = payload.combine([chunk(0, epoch=epoch), chunk(1, epoch=epoch)], Result)
         return [MessageReceived(g.parent if g.parent_up and g.parent else "root", result)]
-    if event == agg.ASSIGNED_ROOT:
+    if event == states.ASSIGNED_ROOT:
         return [MessageReceived("rv", assignment({"ep0": [0], "ep1": [1]}, epoch=epoch + 1))]
-    if event == agg.ASSIGNED_CONNECTED:
+    if event == states.ASSIGNED_CONNECTED:
         return [MessageReceived("rv", assignment({"ep0": [0], "ep1": [1]}, epoch=epoch + 1, parent=PARENT))]
-    if event == agg.ASSIGNED_CONNECT:
+    if event == states.ASSIGNED_CONNECT:
         return [MessageReceived("rv", assignment({"ep0": [0], "ep1": [1]}, epoch=epoch + 1, parent=PARENT2))]
-    if event == agg.PARENT_CONNECTED:
+    if event == states.PARENT_CONNECTED:
         return [PeerConnected(g.parent or "root3", "root", Role.AGGREGATOR)]
-    if event == agg.PARENT_LOST:
+    if event == states.PARENT_LOST:
         return [PeerDisconnected(g.parent or "root3", ErrorCode.PEER_LOST)]
-    if event == agg.PARENT_RETRY:
+    if event == states.PARENT_RETRY:
         prepare: list[Input] = []
         if g.parent and not g.parent_up:
             prepare.append(PeerDisconnected(g.parent, ErrorCode.PEER_LOST))  # the dial failed
         return [*prepare, TimerFired()]
-    if event == agg.SLOT_TIMEOUT:
+    if event == states.SLOT_TIMEOUT:
         return [MessageReceived("ep0", chunk(0, epoch=epoch)), TimerFired()]
-    if event == agg.UNCONFIRMED:  # the rendezvous lost, and its grace over
+    if event == states.UNCONFIRMED:  # the rendezvous lost, and its grace over
         return [PeerDisconnected("rv", ErrorCode.PEER_LOST), TimerFired()]
     if event == "EpochChange":
         return [
@@ -876,13 +868,13 @@ def _realised(g: GroupRig, event: str) -> str | None:
     Some events need a situation the state does not have (a connected parent, a
     dial in progress); their input then is the nearest thing a peer could send.
     """
-    if event == agg.ASSIGNED_CONNECTED and not g.parent_up:
-        return agg.ASSIGNED_CONNECT
+    if event == states.ASSIGNED_CONNECTED and not g.parent_up:
+        return states.ASSIGNED_CONNECT
     possible = {
-        agg.CHUNK_DOWN: g.parent_up,
-        agg.PARENT_CONNECTED: g.parent is not None and not g.parent_up,
-        agg.PARENT_LOST: g.parent is not None,
-        agg.PARENT_RETRY: g.parent is not None and not g.parent_up,
+        states.CHUNK_DOWN: g.parent_up,
+        states.PARENT_CONNECTED: g.parent is not None and not g.parent_up,
+        states.PARENT_LOST: g.parent is not None,
+        states.PARENT_RETRY: g.parent is not None and not g.parent_up,
     }.get(event, True)
     return event if possible else None
 
@@ -896,9 +888,9 @@ def _drive_group(state: GroupState, event: str, root: bool) -> None:
     if isinstance(inputs[-1], TimerFired):
         deadline = g.rig.machine.next_deadline()
         g.rig.now = max(g.rig.now, deadline if deadline is not None else g.rig.now) + (
-            1.0 if event == agg.SLOT_TIMEOUT else 0.0
+            1.0 if event == states.SLOT_TIMEOUT else 0.0
         )
-        if event == agg.UNCONFIRMED:
+        if event == states.UNCONFIRMED:
             g.rig.now += g.rig.machine.config.rendezvous_grace
     out = g.rig.feed(inputs[-1])
     after = g.rig.machine.group_state(GROUP)
@@ -951,7 +943,7 @@ def _slot_rig() -> tuple[Rig, str]:
     return rig, dial.peer
 
 
-_QUORUM_EVENTS = (agg.WAIT_OVER, agg.LATE_PART)
+_QUORUM_EVENTS = (states.WAIT_OVER, states.LATE_PART)
 
 
 def _slot_in(state: SlotState, quorum: bool = False) -> tuple[Rig, str]:
@@ -979,32 +971,32 @@ def _slot_in(state: SlotState, quorum: bool = False) -> tuple[Rig, str]:
 def _slot_steps(state: SlotState, event: str) -> list[tuple[str, Message | float]]:
     """Inputs for ``event``: all but the last prepare it; a number is a timer at that time."""
     other = {"ep1": chunk(1, values=[8] * 4), "ep2": chunk(2, values=[9] * 4)}
-    if event == agg.PART:
+    if event == states.PART:
         return (
             [("ep1", other["ep1"] if state is SlotState.COMPLETE else chunk(1))]
             if state is not (SlotState.ABORTED)
             else [("ep2", chunk(2))]
         )
-    if event == agg.LAST_PART:
+    if event == states.LAST_PART:
         if state is SlotState.COLLECTING:
             return [("ep1", chunk(1)), ("ep2", chunk(2))]
         return [("ep2", other["ep2"] if state is SlotState.COMPLETE else chunk(2))]
-    if event == agg.RETRANSMISSION:
+    if event == states.RETRANSMISSION:
         return [("ep0", chunk(0))]
-    if event == agg.CONFLICT:
+    if event == states.CONFLICT:
         return [("ep0", chunk(0, values=[7] * 4))]
-    if event == agg.TIMEOUT:
+    if event == states.TIMEOUT:
         return [("timer", 5.0)]
-    if event == agg.HALF_TIMEOUT:
+    if event == states.HALF_TIMEOUT:
         return [("timer", PARAMS.operation_timeout_ms / 2000)]
-    if event == agg.ASKED_AGAIN:
+    if event == states.ASKED_AGAIN:
         request = RetransmitRequest(group_id=GROUP, epoch=1, op_id=0, chunks=(0,))
         return [("parent", request)]
-    if event == agg.WAIT_OVER:
+    if event == states.WAIT_OVER:
         return [("timer", QUORUM_WAIT_MS / 1000)]
-    if event == agg.LATE_PART:
+    if event == states.LATE_PART:
         return [("ep2", chunk(2, quorum=1))]
-    assert event == agg.ABORT
+    assert event == states.ABORT
     return [("ep2", Abort(group_id=GROUP, epoch=1, op_id=0, code=ErrorCode.TIMEOUT, detail="late"))]
 
 
@@ -1012,16 +1004,16 @@ def _realised_slot(state: SlotState, event: str) -> str:
     """The slot event the inputs above really are: every child of a complete slot has
     sent, so a 'new' part there is a conflicting copy; an aborted slot here misses one
     child only, so any part would be its last."""
-    if state is SlotState.COMPLETE and event in (agg.PART, agg.LAST_PART):
-        return agg.CONFLICT
-    if state is SlotState.ABORTED and event == agg.PART:
-        return agg.LAST_PART
-    if event == agg.LATE_PART and state is not SlotState.COMPLETE:
-        return agg.PART  # only a released slot has late parts
+    if state is SlotState.COMPLETE and event in (states.PART, states.LAST_PART):
+        return states.CONFLICT
+    if state is SlotState.ABORTED and event == states.PART:
+        return states.LAST_PART
+    if event == states.LATE_PART and state is not SlotState.COMPLETE:
+        return states.PART  # only a released slot has late parts
     return event
 
 
-_SLOT_EVENTS = [*SLOT_TABLE.events, agg.CONFLICT]
+_SLOT_EVENTS = [*SLOT_TABLE.events, states.CONFLICT]
 
 
 @pytest.mark.parametrize("state", list(SlotState))
@@ -1068,7 +1060,7 @@ def test_slot_table_moves_are_all_realised() -> None:
     rig.send("ep0", chunk(0))
     rig.timer(rig.now + 5)
     assert rig.send("ep1", chunk(1)) == [] and rig.machine.slot_state(GROUP, 0, 0) is SlotState.ABORTED
-    seen.add((SlotState.ABORTED, agg.PART))
+    seen.add((SlotState.ABORTED, states.PART))
     assert allowed <= seen, allowed - seen
 
 

@@ -20,7 +20,7 @@ import reference
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cco.nodes import aggregator, endpoint_states
+from cco.nodes import aggregator_states, endpoint_states
 from cco.nodes.aggregator import AggregatorConfig, AggregatorMachine
 from cco.nodes.calls import CollectiveRequest, OperationError
 from cco.nodes.endpoint import EndpointMachine
@@ -803,7 +803,7 @@ FIGURES = {
 
 def render(xml: str) -> str:
     """``xml`` with every figure of :data:`FIGURES` holding its table's current diagram."""
-    tables = {table.name: table for table in (*aggregator.TABLES, *endpoint_states.TABLES)}
+    tables = {table.name: table for table in (*aggregator_states.TABLES, *endpoint_states.TABLES)}
     assert set(tables) == set(FIGURES), "every table has a figure"
     for name, anchor in FIGURES.items():
         pattern = re.compile(

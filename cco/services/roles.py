@@ -25,7 +25,8 @@ import numpy as np
 
 from cco.client import Communicator, GroupSpec
 from cco.config import NodeConfig, parse_hostport
-from cco.nodes.aggregator import AggregatorConfig, AggregatorMachine, NodeState
+from cco.nodes.aggregator import AggregatorConfig, AggregatorMachine
+from cco.nodes.aggregator_states import NodeState
 from cco.nodes.calls import CollectiveRequest
 from cco.nodes.operation import Quorum
 from cco.nodes.rendezvous import GroupConfig, RendezvousConfig, RendezvousMachine
