@@ -37,18 +37,20 @@ from cco.nodes.events import (
 from cco.nodes.fsm import TransitionTable
 from cco.nodes.rendezvous import (
     DEFAULT_PARAMS,
-    GROUP_TABLE,
     MAY_SEND,
-    MEMBER_TABLE,
-    PEER_TABLE,
     GroupConfig,
-    GroupState,
     GroupStatus,
-    MemberState,
-    PeerState,
     RendezvousConfig,
     RendezvousMachine,
     chunk_elements_limit,
+)
+from cco.nodes.rendezvous_states import (
+    GROUP_TABLE,
+    MEMBER_TABLE,
+    PEER_TABLE,
+    GroupState,
+    MemberState,
+    PeerState,
     diagrams,
 )
 from cco.nodes.tree import ENDPOINT_ADDRESS, AggregatorInfo, MemberInfo, PlanStrategy, fan_in_bound, plan_tree

@@ -24,11 +24,10 @@ from cco.nodes.rendezvous import (
     RESUME_REDIAL_GAP,
     DurableState,
     GroupConfig,
-    GroupState,
-    MemberState,
     RendezvousConfig,
     RendezvousMachine,
 )
+from cco.nodes.rendezvous_states import GroupState, MemberState
 from cco.wire.errors import ErrorCode
 from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap
 from cco.wire.messages import (

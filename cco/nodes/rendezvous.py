@@ -96,6 +96,14 @@ from cco.nodes.events import (
     TimerFired,
 )
 from cco.nodes.fsm import TransitionTable
+from cco.nodes.rendezvous_states import (
+    GROUP_TABLE,
+    MEMBER_TABLE,
+    PEER_TABLE,
+    GroupState,
+    MemberState,
+    PeerState,
+)
 from cco.nodes.replies import clip
 from cco.nodes.tree import AggregatorInfo, AggregatorPlacement, MemberInfo, TreePlan, plan_tree
 from cco.wire.errors import CcoError, ErrorCode
@@ -211,104 +219,6 @@ class RendezvousConfig:
         return LOSS_INTERVALS * self.params.heartbeat_interval_ms / 1000.0 + RESUME_REDIAL_GAP
 
 
-# --- states and transitions --------------------------------------------------------
-
-
-class PeerState(Enum):
-    """One connection to the rendezvous."""
-
-    ENDPOINT = "endpoint"
-    REGISTERING = "registering"
-    AGGREGATOR = "aggregator"
-    CLOSED = "closed"
-
-
-class GroupState(Enum):
-    """One group.  PLANNING is transient: handle() never returns in it."""
-
-    FORMING = "forming"
-    PLANNING = "planning"
-    ACTIVE = "active"
-    WAITING = "waiting"
-    CLOSED = "closed"
-
-
-class MemberState(Enum):
-    """One member of one group."""
-
-    JOINED = "joined"
-    ASSIGNED = "assigned"
-    GONE = "gone"
-
-
-_GONE = {
-    "disconnected": PeerState.CLOSED,
-    "heartbeat_timeout": PeerState.CLOSED,
-    "malformed": PeerState.CLOSED,
-}
-
-PEER_TABLE: TransitionTable[PeerState] = TransitionTable(
-    "rendezvous peer",
-    {
-        PeerState.ENDPOINT: {
-            "JoinRequest": PeerState.ENDPOINT,
-            "Leave": PeerState.ENDPOINT,
-            "Heartbeat": PeerState.ENDPOINT,
-            "Error": PeerState.ENDPOINT,
-            **_GONE,
-        },
-        PeerState.REGISTERING: {
-            "AggregatorRegister": PeerState.AGGREGATOR,
-            "Heartbeat": PeerState.REGISTERING,
-            "Error": PeerState.REGISTERING,
-            **_GONE,
-        },
-        PeerState.AGGREGATOR: {
-            "Heartbeat": PeerState.AGGREGATOR,
-            "Error": PeerState.AGGREGATOR,
-            **_GONE,
-        },
-    },
-)
-
-_CHANGES = ("join", "leave", "lost", "aggregators_changed")
-
-GROUP_TABLE: TransitionTable[GroupState] = TransitionTable(
-    "rendezvous group",
-    {
-        GroupState.FORMING: {
-            "join": GroupState.FORMING,
-            "leave": GroupState.FORMING,
-            "lost": GroupState.FORMING,
-            "complete": GroupState.PLANNING,
-            "empty": GroupState.CLOSED,
-        },
-        GroupState.PLANNING: {"planned": GroupState.ACTIVE, "no_capacity": GroupState.WAITING},
-        GroupState.ACTIVE: {**dict.fromkeys(_CHANGES, GroupState.PLANNING), "empty": GroupState.CLOSED},
-        GroupState.WAITING: {**dict.fromkeys(_CHANGES, GroupState.PLANNING), "empty": GroupState.CLOSED},
-        GroupState.CLOSED: {"reopen": GroupState.FORMING},
-    },
-)
-
-MEMBER_TABLE: TransitionTable[MemberState] = TransitionTable(
-    "rendezvous member",
-    {
-        MemberState.JOINED: {
-            "assigned": MemberState.ASSIGNED,
-            "new_epoch": MemberState.JOINED,
-            "leave": MemberState.GONE,
-            "lost": MemberState.GONE,
-        },
-        MemberState.ASSIGNED: {
-            "new_epoch": MemberState.JOINED,
-            "leave": MemberState.GONE,
-            "lost": MemberState.GONE,
-        },
-    },
-)
-
-TABLES = (PEER_TABLE, GROUP_TABLE, MEMBER_TABLE)
-
 MAY_SEND: dict[Role, frozenset[type[Message]]] = {
     Role.ENDPOINT: frozenset({JoinRequest, Leave, Heartbeat, Error}),
     Role.AGGREGATOR: frozenset({AggregatorRegister, Heartbeat, Error}),
@@ -321,11 +231,6 @@ def _move(table: TransitionTable[S], state: S, event: str) -> S:
     if not table.allows(state, event):
         raise RuntimeError(f"{table.name}: {event} in {state.name} is not in the table")
     return table.next(state, event)
-
-
-def diagrams() -> str:
-    """The rendezvous state diagrams, exactly as the draft shows them."""
-    return "\n\n".join(t.to_ascii() for t in TABLES)
 
 
 CHUNK_HEADER_BOUND = 256
@@ -1208,28 +1113,20 @@ __all__ = [
     "DEFAULT_FAN_IN",
     "DEFAULT_PARAMS",
     "FALLBACK_LABEL",
-    "GROUP_TABLE",
     "LOSS_INTERVALS",
     "MAY_SEND",
-    "MEMBER_TABLE",
-    "PEER_TABLE",
     "RESUME_REDIAL_GAP",
-    "TABLES",
     "AggregatorStatus",
     "DurableAggregator",
     "DurableGroup",
     "DurableMember",
     "DurableState",
     "GroupConfig",
-    "GroupState",
     "GroupStatus",
-    "MemberState",
     "MemberStatus",
     "Needs",
-    "PeerState",
     "RendezvousConfig",
     "RendezvousMachine",
     "RendezvousStatus",
     "chunk_elements_limit",
-    "diagrams",
 ]

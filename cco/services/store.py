@@ -52,10 +52,9 @@ from cco.nodes.rendezvous import (
     DurableGroup,
     DurableMember,
     DurableState,
-    GroupState,
-    MemberState,
     RendezvousMachine,
 )
+from cco.nodes.rendezvous_states import GroupState, MemberState
 from cco.nodes.tree import AggregatorInfo, AggregatorPlacement, PlanStrategy, TreePlan
 from cco.wire import cbor
 from cco.wire.errors import CcoError, ErrorCode
