@@ -139,9 +139,9 @@ def protocol(link: PeerLink) -> LinkProtocol:
     return link._protocol
 
 
-def write_raw(link: PeerLink, stream_id: int, data: bytes) -> None:
+def write_raw(link: PeerLink, stream_id: int, data: bytes, end_stream: bool = False) -> None:
     """Bypass framing and checks: what a broken or hostile peer would send."""
-    protocol(link)._quic.send_stream_data(stream_id, data)
+    protocol(link)._quic.send_stream_data(stream_id, data, end_stream)
     protocol(link).transmit()
 
 
@@ -452,6 +452,28 @@ def test_data_travels_on_one_unidirectional_stream_per_group_in_order(pki: Path)
             peer.send(chunk(GROUP_A, 0))
             assert await link.receive() == chunk(GROUP_A, 0)
             assert list(protocol(peer)._outbound.values()) == [3]
+
+    run(test)
+
+
+def test_groups_beyond_the_peer_stream_limit_wait_for_a_stream(pki: Path, quic_backend: str) -> None:
+    """One data stream per group: a group past the peer's MAX_STREAMS waits, nothing fails."""
+    limit = {"aioquic": 128, "qh3": 103}[quic_backend]  # unidirectional streams a server allows
+
+    async def test() -> None:
+        async with server(pki) as (srv, accepted):
+            link = await dial(srv, pki)
+            peer = await accepted.get()
+            groups = [index.to_bytes(16, "big") for index in range(limit + 1)]
+            for group in groups:
+                link.send(chunk(group, 0))
+            arrived = {(await asyncio.wait_for(peer.receive(), 5)).group_id for _ in range(limit)}
+            assert arrived == set(groups[:limit])
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(peer.receive(), 0.3)
+            # Ending one group's stream lets the peer allow one more.
+            write_raw(link, protocol(link)._outbound[groups[0]], b"", end_stream=True)
+            assert (await asyncio.wait_for(peer.receive(), 5)).group_id == groups[limit]
 
     run(test)
 

@@ -23,7 +23,11 @@ CcoQuicConnection` (see :class:`~cco.transport.backend.QuicLink`), built on:
    connection that is closing is always drained, so a close is never missed.
 4. **Send progress.**  qh3 reports the stream bytes not yet sent once
    (``get_send_buffer_size``) and the bytes in flight; ``stream_bytes_sent`` is our
-   own count of bytes queued minus the former.
+   own count of bytes queued minus the unsent ones.
+5. **Streams beyond the peer's limit wait.**  qh3 raises ``ValueError`` when data is
+   written to a stream the peer does not allow yet (MAX_STREAMS); aioquic queues
+   it.  Such writes wait here, in order, until the peer's limit covers the stream,
+   as they would with aioquic (link.py relies on it: one stream per group).
 
 What qh3 decides natively and we leave to it: ACK frequency (aioquic needed our
 change, item 6 of connection.py), the send buffer, and stream limits (qh3 lets a
@@ -31,7 +35,8 @@ peer open 100 bidirectional and 103 unidirectional streams at a time).
 
 Relies on qh3 internals (checked with 2.1.0, exercised by the transport tests run
 with this backend): ``QuicConnection._create_tls``, ``_drain_core``, ``_core``,
-``_handshake_complete``, ``_close_event`` and ``QuicTlsBridge.tls``.
+``_handshake_complete``, ``_close_event``, ``_record_local_stream`` and
+``QuicTlsBridge.tls``.
 """
 
 from __future__ import annotations
@@ -184,6 +189,8 @@ class Qh3Connection:
         )
         self.credit = HeldCredit(self._native)
         self._queued = 0  # stream bytes handed to send_stream_data
+        self._waiting: dict[int, list[tuple[bytes, bool]]] = {}  # stream id -> writes, in order
+        self._waiting_bytes = 0
         self._termination: aio_events.ConnectionTerminated | None = None
 
     @property
@@ -201,7 +208,7 @@ class Qh3Connection:
     @property
     def stream_bytes_sent(self) -> int:
         """Stream bytes sent at least once."""
-        return self._queued - self._native.get_send_buffer_size()
+        return self._queued - self._waiting_bytes - self._native.get_send_buffer_size()
 
     @property
     def bytes_in_flight(self) -> int:
@@ -226,6 +233,8 @@ class Qh3Connection:
         self._native.receive_datagram(data, addr, now)
 
     def datagrams_to_send(self, now: float) -> list[tuple[bytes, NetworkAddress]]:
+        if self._waiting:
+            self._send_waiting()
         return self._native.datagrams_to_send(now)
 
     def get_timer(self) -> float | None:
@@ -242,8 +251,32 @@ class Qh3Connection:
         return self._native.get_next_available_stream_id(is_unidirectional)
 
     def send_stream_data(self, stream_id: int, data: bytes, end_stream: bool = False) -> None:
-        self._native.send_stream_data(stream_id, data, end_stream)
         self._queued += len(data)
+        if stream_id in self._waiting or not self._peer_allows(stream_id):
+            self._native._record_local_stream(stream_id)  # the id is taken, as a send would take it
+            self._waiting.setdefault(stream_id, []).append((data, end_stream))
+            self._waiting_bytes += len(data)
+        else:
+            self._native.send_stream_data(stream_id, data, end_stream)
+
+    def _peer_allows(self, stream_id: int) -> bool:
+        """Whether the peer's MAX_STREAMS covers ``stream_id`` (always, for its own streams).
+
+        Before the handshake qh3 stages writes itself; afterwards ``stream_limits``
+        starts with the peer's cumulative limits (bidirectional, unidirectional).
+        """
+        core = self._native._core
+        if core is None or not self._native._handshake_complete:
+            return True
+        if (stream_id & 1) != (0 if self.configuration.is_client else 1):
+            return True  # opened by the peer
+        return stream_id >> 2 < core.stream_limits[1 if stream_id & 2 else 0]
+
+    def _send_waiting(self) -> None:
+        for stream_id in [s for s in self._waiting if self._peer_allows(s)]:
+            for data, end_stream in self._waiting.pop(stream_id):
+                self._native.send_stream_data(stream_id, data, end_stream)
+                self._waiting_bytes -= len(data)
 
     def close(self, error_code: int = 0, frame_type: int | None = None, reason_phrase: str = "") -> None:
         self._native.close(error_code=error_code, frame_type=frame_type, reason_phrase=reason_phrase)
