@@ -160,6 +160,13 @@ OPTIONS: tuple[Option, ...] = (
         (E,),
     ),
     Option("max_datagram_size", "QUIC datagram size; loopback and jumbo links allow up to ~16000", 1452, int),
+    Option(
+        "quic_backend",
+        "QUIC implementation: 'aioquic' (pure Python) or 'qh3' (native packet processing, "
+        "needs the qh3 extra: several times less CPU per packet)",
+        "aioquic",
+        str,
+    ),
     Option("qlog_dir", "write qlog traces to this directory", None, Path),
     Option("keylog_file", "append TLS secrets to this file (for Wireshark)", None, Path),
     Option("log_level", "logging level (debug, info, warning, error)", "info", str),

@@ -67,12 +67,16 @@ def test_certs_command_writes_a_pki(tmp_path: Path, capsys: pytest.CaptureFixtur
         ["certs", "--dir", "{tmp}", "agg-1:janitor"],
         ["certs", "--dir", "{tmp}", "Bad_Name:endpoint"],
         ["--role", "endpoint", "--node-id", "ep-0"],  # no credentials, no group
+        ["--role", "aggregator", "--node-id", "agg-1", "--pki-dir", "{pki}", "--quic-backend", "quiche"],
+        ["--role", "aggregator", "--node-id", "agg-1", "--pki-dir", "{pki}", "--max-datagram-size", "70000"],
     ],
 )
 def test_usage_errors_are_one_line_with_status_2(
     argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main([arg.format(tmp=tmp_path) for arg in argv]) == 2
+    main(["certs", "--dir", str(tmp_path / "pki"), "agg-1:aggregator"])
+    capsys.readouterr()
+    assert main([arg.format(tmp=tmp_path, pki=tmp_path / "pki") for arg in argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("cco-node: ") and "\n" not in err
 

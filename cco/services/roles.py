@@ -65,14 +65,18 @@ def transport_config(cfg: NodeConfig) -> TransportConfig:
             raise CcoError(
                 ErrorCode.INVALID_FIELD, f"{path}: no such file (create one with `cco-node certs`)"
             )
-    return TransportConfig(
-        ca_file=ca,
-        cert_file=cert,
-        key_file=key,
-        max_datagram_size=cfg.max_datagram_size,
-        qlog_dir=cfg.qlog_dir,
-        keylog_file=cfg.keylog_file,
-    )
+    try:
+        return TransportConfig(
+            ca_file=ca,
+            cert_file=cert,
+            key_file=key,
+            max_datagram_size=cfg.max_datagram_size,
+            quic_backend=cfg.quic_backend,
+            qlog_dir=cfg.qlog_dir,
+            keylog_file=cfg.keylog_file,
+        )
+    except ValueError as exc:  # a value out of range; the text names the option
+        raise CcoError(ErrorCode.INVALID_FIELD, str(exc)) from None
 
 
 def parse_group_id(text: str) -> bytes:
