@@ -380,6 +380,8 @@ class CcoSettings:
     """Loss probability each way between endpoints and aggregator (``relay.py``)."""
     untagged: bool = False
     """Endpoints run through ``untagged.py``: every MAC tag zero (the "tags off" side)."""
+    quic_backend: str | None = None
+    """Every node's QUIC implementation (``--quic-backend``); None: the node default."""
 
     @property
     def wan(self) -> bool:
@@ -391,7 +393,8 @@ class CcoSettings:
         return args + _flag("operation-timeout-ms", self.operation_timeout_ms)
 
     def common_args(self) -> list[str]:
-        return [*_flag("max-datagram-size", self.max_datagram_size), "--log-level", self.log_level]
+        args = [*_flag("max-datagram-size", self.max_datagram_size), "--log-level", self.log_level]
+        return args + (["--quic-backend", self.quic_backend] if self.quic_backend else [])
 
 
 def _flag(name: str, value: int | None) -> list[str]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -119,16 +120,19 @@ def cco_runs(
     workdir: Path,
     settings: netns.CcoSettings | None = None,
     untagged: bool = False,
+    backend: str | None = None,
 ) -> tuple[dict[int, dict[str, Any]], dict[str, float]]:
     """Per size: the per-round times (or the failure); and the aggregator's usage.
 
     ``untagged`` runs the endpoints with every MAC tag zero (``untagged.py``), for
-    the cost of authentication."""
+    the cost of authentication; ``backend`` is every node's ``--quic-backend``
+    (when ``settings`` are not given)."""
     settings = settings or netns.CcoSettings(
         max_datagram_size=net.datagram,
         operation_timeout_ms=OPERATION_TIMEOUT_MS,
         heartbeat_ms=HEARTBEAT_MS,
         untagged=untagged,
+        quic_backend=backend,
     )
     results: dict[int, dict[str, Any]] = {}
     with netns.CcoCluster(net.star, workdir, net.endpoints, settings) as cluster:
@@ -287,28 +291,48 @@ def gloo_worker(argv: list[str]) -> int:
 # --- a bare QUIC stream: what the same stack does without CCO ----------------------------------
 
 
+def _quic_api(backend: str) -> argparse.Namespace:
+    """The asyncio client/server API of ``backend`` (qh3 mirrors aioquic's)."""
+    if backend == "qh3":
+        from qh3.asyncio.client import connect
+        from qh3.asyncio.protocol import QuicConnectionProtocol
+        from qh3.asyncio.server import serve
+        from qh3.quic.configuration import QuicConfiguration
+        from qh3.quic.events import StreamDataReceived
+    else:
+        from aioquic.asyncio.client import connect  # type: ignore[assignment]
+        from aioquic.asyncio.protocol import QuicConnectionProtocol  # type: ignore[assignment]
+        from aioquic.asyncio.server import serve  # type: ignore[assignment]
+        from aioquic.quic.configuration import QuicConfiguration  # type: ignore[assignment]
+        from aioquic.quic.events import StreamDataReceived  # type: ignore[assignment]
+    return argparse.Namespace(
+        connect=connect,
+        serve=serve,
+        Protocol=QuicConnectionProtocol,
+        QuicConfiguration=QuicConfiguration,
+        StreamDataReceived=StreamDataReceived,
+    )
+
+
 def quic_sink(argv: list[str]) -> int:
     """Receive one stream; print 'ready' and then the receive time and byte count."""
-    from aioquic.asyncio.protocol import QuicConnectionProtocol
-    from aioquic.asyncio.server import serve
-    from aioquic.quic.configuration import QuicConfiguration
-    from aioquic.quic.events import QuicEvent, StreamDataReceived
-
     from cco.transport import TransportConfig
 
     parser = argparse.ArgumentParser(prog="run.py quic-sink")
     parser.add_argument("--pki", type=Path, required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--datagram", type=int, required=True)
+    parser.add_argument("--backend", choices=("aioquic", "qh3"), default="aioquic")
     args = parser.parse_args(argv)
+    quic = _quic_api(args.backend)
 
     async def main() -> None:
         done: asyncio.Future[tuple[float, int]] = asyncio.get_running_loop().create_future()
         state = {"first": 0.0, "bytes": 0}
 
-        class Sink(QuicConnectionProtocol):
-            def quic_event_received(self, event: QuicEvent) -> None:
-                if isinstance(event, StreamDataReceived):
+        class Sink(quic.Protocol):  # type: ignore[misc,name-defined]
+            def quic_event_received(self, event: Any) -> None:
+                if isinstance(event, quic.StreamDataReceived):
                     if not state["bytes"]:
                         state["first"] = time.perf_counter()
                     state["bytes"] += len(event.data)
@@ -316,7 +340,7 @@ def quic_sink(argv: list[str]) -> int:
                         done.set_result((time.perf_counter() - state["first"], int(state["bytes"])))
 
         window = TransportConfig.for_node(args.pki, "agg-0").receive_window  # as CCO's
-        config = QuicConfiguration(
+        config = quic.QuicConfiguration(
             is_client=False,
             alpn_protocols=["bench"],
             max_datagram_size=args.datagram,
@@ -324,7 +348,7 @@ def quic_sink(argv: list[str]) -> int:
             max_stream_data=window,
         )
         config.load_cert_chain(args.pki / "agg-0.pem", args.pki / "agg-0.key")
-        server = await serve("127.0.0.1", args.port, configuration=config, create_protocol=Sink)
+        server = await quic.serve("127.0.0.1", args.port, configuration=config, create_protocol=Sink)
         print("ready", flush=True)
         seconds, nbytes = await asyncio.wait_for(done, 600)
         print(json.dumps({"seconds": seconds, "bytes": nbytes}), flush=True)
@@ -334,15 +358,13 @@ def quic_sink(argv: list[str]) -> int:
     return 0
 
 
-def bare_quic_goodput(pki: Path, datagram: int, nbytes: int) -> float:
-    """Bytes/s of one aioquic stream, sender here, receiver in another process.
+def bare_quic_goodput(pki: Path, datagram: int, nbytes: int, backend: str = "aioquic") -> float:
+    """Bytes/s of one stream of ``backend``, sender here, receiver in another process.
 
     Same stack and datagram size as CCO, and CCO's receive window; no CCO framing,
     no aggregation.
     """
-    from aioquic.asyncio.client import connect
-    from aioquic.quic.configuration import QuicConfiguration
-
+    quic = _quic_api(backend)
     port = netns._free_port()
     argv = [
         sys.executable,
@@ -353,7 +375,8 @@ def bare_quic_goodput(pki: Path, datagram: int, nbytes: int) -> float:
         "--port",
         str(port),
     ]
-    sink = subprocess.Popen([*argv, "--datagram", str(datagram)], stdout=subprocess.PIPE, text=True)
+    argv += ["--datagram", str(datagram), "--backend", backend]
+    sink = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     try:
         assert sink.stdout is not None
         if sink.stdout.readline().strip() != "ready":
@@ -361,13 +384,13 @@ def bare_quic_goodput(pki: Path, datagram: int, nbytes: int) -> float:
         stdout = sink.stdout
 
         async def send() -> str:
-            config = QuicConfiguration(
+            config = quic.QuicConfiguration(
                 is_client=True,
                 alpn_protocols=["bench"],
                 max_datagram_size=datagram,
                 verify_mode=ssl.CERT_NONE,
             )
-            async with connect("127.0.0.1", port, configuration=config) as client:
+            async with quic.connect("127.0.0.1", port, configuration=config) as client:
                 stream = client._quic.get_next_available_stream_id()
                 client._quic.send_stream_data(stream, bytes(nbytes), end_stream=True)
                 client.transmit()
@@ -513,6 +536,7 @@ def sweep(args: argparse.Namespace) -> dict[str, Any]:
                 heartbeat_ms=HEARTBEAT_MS,
                 wan_delay_ms=args.wan_delay_ms,
                 wan_loss=args.wan_loss,
+                quic_backend=args.quic_backend,
             )
             cco, usage = cco_runs(net, args.sizes, args.repeats, Path(tmp) / "cco", settings)
             gloo = {}
@@ -582,6 +606,8 @@ def tags_target(tagged: dict[str, Any], untagged: dict[str, Any] | None) -> Targ
 
 def quick(args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
+    backend = args.quic_backend
+    run_cco = functools.partial(cco_runs, backend=backend)
     have_torch = torch_available()
     if not have_torch:
         log(f"torch is not installed: Gloo figures are not measured. Install it with: {TORCH_HINT}")
@@ -596,12 +622,12 @@ def quick(args: argparse.Namespace) -> dict[str, Any]:
     ) -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any] | None]:
         """CCO, then Gloo, then (``untagged``) CCO with tags off, on one star."""
         with network(endpoints, rate, mtu) as net:
-            cco, usage = cco_runs(net, [size], rounds, tmp / f"cco-{endpoints}-{mtu}")
+            cco, usage = run_cco(net, [size], rounds, tmp / f"cco-{endpoints}-{mtu}")
             gloo = (
                 gloo_runs(net, [size], rounds, mkdir(tmp / f"gloo-{endpoints}-{mtu}")) if have_torch else {}
             )
             bare = (
-                cco_runs(net, [size], rounds, tmp / f"cco-{endpoints}-{mtu}-untagged", untagged=True)[0]
+                run_cco(net, [size], rounds, tmp / f"cco-{endpoints}-{mtu}-untagged", untagged=True)[0]
                 if untagged
                 else {}
             )
@@ -641,12 +667,14 @@ def quick(args: argparse.Namespace) -> dict[str, Any]:
     targets.append(ratio_target("CCO / Gloo: N=8, 20 Mbit/s, MTU 9000, 16 MiB", cco, gloo, 0.65, have_torch))
 
     with network(4, 40.0, 1500) as net:
-        cco1500, usage = cco_runs(net, [size], rounds, tmp / "cco-4-1500")
+        cco1500, usage = run_cco(net, [size], rounds, tmp / "cco-4-1500")
         gloo1500 = gloo_runs(net, [size], rounds, mkdir(tmp / "gloo-4-1500")) if have_torch else {}
         runs.append({"network": net.describe(), "cco": cco1500, "gloo": gloo1500, "aggregator": usage})
         points.extend(points_of(net, cco1500, gloo1500))
         # Defaults: no datagram size, window, chunk size or timeout given to any node.
-        defaults, _ = cco_runs(net, [64 * MiB], 1, tmp / "cco-defaults", netns.CcoSettings())
+        defaults, _ = run_cco(
+            net, [64 * MiB], 1, tmp / "cco-defaults", netns.CcoSettings(quic_backend=backend)
+        )
         runs.append({"network": net.describe() + ", node defaults", "cco": defaults})
     targets.append(
         ratio_target(
@@ -661,14 +689,14 @@ def quick(args: argparse.Namespace) -> dict[str, Any]:
 
     # Loopback: latency, CPU efficiency, memory.
     with network(4, None, None) as net:
-        latency, usage_small = cco_runs(net, [8], args.latency_rounds, tmp / "cco-latency")
-        big, usage = cco_runs(net, [64 * MiB], rounds, tmp / "cco-loopback")
+        latency, usage_small = run_cco(net, [8], args.latency_rounds, tmp / "cco-latency")
+        big, usage = run_cco(net, [64 * MiB], rounds, tmp / "cco-loopback")
         gloo_lo = gloo_runs(net, [64 * MiB], rounds, mkdir(tmp / "gloo-lo")) if have_torch else {}
         gloo_lat = gloo_runs(net, [8], args.latency_rounds, mkdir(tmp / "gloo-lat")) if have_torch else {}
         runs.append({"network": net.describe(), "cco": latency, "gloo": gloo_lat, "aggregator": usage_small})
         runs.append({"network": net.describe(), "cco": big, "gloo": gloo_lo, "aggregator": usage})
         points.extend(points_of(net, {**latency, **big}, {**gloo_lat, **gloo_lo}))
-        bare = bare_quic_goodput(tmp / "cco-loopback" / "pki", net.datagram, 64 * MiB)
+        bare = bare_quic_goodput(tmp / "cco-loopback" / "pki", net.datagram, 64 * MiB, backend)
     name = "CPU efficiency: aggregator ingress / bare QUIC stream"
     if "failed" in big[64 * MiB]:
         targets.append(Target(name, ">= 70%", "not measured: CCO run failed (see above)", None))
@@ -791,6 +819,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--latency-rounds", type=int, default=200, help="rounds of the 8-byte case in --quick"
     )
+    parser.add_argument(
+        "--quic-backend",
+        choices=("aioquic", "qh3"),
+        default="aioquic",
+        help="every CCO node's QUIC implementation, and the bare stream's (default aioquic)",
+    )
     parser.add_argument("--commit", help="commit measured (default: git HEAD of the tree cco comes from)")
     parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/run[-quick].json)")
     args = parser.parse_args(argv)
@@ -808,9 +842,13 @@ def main(argv: list[str] | None = None) -> int:
     header: dict[str, Any] = {
         "command": "python benchmarks/run.py " + " ".join(argv),
         "commit": args.commit or commit_of_cco(),
+        "quic_backend": args.quic_backend,
     }
     header["machine"] = machine()
-    log(f"measuring cco at {header['commit']} on {header['machine']['cpu']} x {header['machine']['cores']}")
+    log(
+        f"measuring cco at {header['commit']} ({args.quic_backend}) "
+        f"on {header['machine']['cpu']} x {header['machine']['cores']}"
+    )
     report = {**header, **(quick(args) if args.quick else sweep(args))}
     out = args.out or RESULTS / f"{stem}.json"
     mkdir(out.parent)
