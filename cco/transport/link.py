@@ -12,9 +12,9 @@ open.  The mapping onto QUIC (draft section "QUIC Mapping"):
   on unidirectional streams, one per (direction, group): opened on first use and
   kept, so the messages of one group stay in order and a loss in one group never
   stalls another.  Every message on a data stream carries the same ``group_id``.
-  (aioquic lets a peer open 128 unidirectional streams and raises that limit
-  only as streams end, so one connection carries at most 128 groups' data in
-  each direction; a 129th group's data waits.)
+  (aioquic lets a peer open 128 unidirectional streams, qh3 103, and raises that
+  limit only as streams end, so one connection carries at most 128 (qh3: 103)
+  groups' data in each direction; the next group's data waits.)
 * Every message is a frame (:mod:`cco.wire.framing`); each stream has its own
   :class:`FrameDecoder`, since QUIC keeps no message boundaries.
 * Connection close carries the :class:`ErrorCode` as the application error code.

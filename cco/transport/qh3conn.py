@@ -30,8 +30,9 @@ CcoQuicConnection` (see :class:`~cco.transport.backend.QuicLink`), built on:
    as they would with aioquic (link.py relies on it: one stream per group).
 
 What qh3 decides natively and we leave to it: ACK frequency (aioquic needed our
-change, item 6 of connection.py), the send buffer, and stream limits (qh3 lets a
-peer open 100 bidirectional and 103 unidirectional streams at a time).
+change, item 6 of connection.py; qh3 already lets ACKs ride on answers), the send
+buffer, and stream limits (a peer may open 100 bidirectional and 103
+unidirectional streams, more as streams end; aioquic allows 128 of each).
 
 Relies on qh3 internals (checked with 2.1.0, exercised by the transport tests run
 with this backend): ``QuicConnection._create_tls``, ``_drain_core``, ``_core``,
