@@ -693,6 +693,26 @@ def test_unread_messages_stall_the_sender(pki: Path) -> None:
     run(test, timeout=60)
 
 
+def test_a_stalled_receiver_still_learns_that_the_peer_closed(pki: Path) -> None:
+    """Frozen credit must not hide the close (qh3 holds events in its core while frozen)."""
+    mib = 1 << 20
+    limits: dict[str, Any] = {"receive_window": mib, "receive_buffer": 2 * mib}
+
+    async def test() -> None:
+        async with server(pki, **limits) as (srv, accepted):
+            link = await dial(srv, pki, close_flush_timeout=0.2, **limits)
+            peer = await accepted.get()
+            receiver = protocol(peer)
+            for index in range(8):
+                link.send(chunk(GROUP_A, index, elements=mib // 4, chunks=8))
+            while not receiver._cco.credit.frozen:
+                await asyncio.sleep(0.05)
+            link.close(ErrorCode.SHUTTING_DOWN, "going away")
+            assert await asyncio.wait_for(peer.wait_closed(), 5) == (ErrorCode.SHUTTING_DOWN, "going away")
+
+    run(test)
+
+
 class _RecordingTransport:
     """Wraps a datagram transport to record the size of every datagram sent."""
 
