@@ -82,6 +82,8 @@ _AIOQUIC_EVENTS: dict[_EventClass, tuple[type[aio_events.QuicEvent], tuple[str, 
 
 def as_aioquic_event(event: qh3_events.QuicEvent) -> aio_events.QuicEvent:
     """The aioquic event with the same class name and fields as ``event``."""
+    if type(event) is qh3_events.StreamDataReceived:  # nearly every event: no lookups
+        return aio_events.StreamDataReceived(event.data, event.end_stream, event.stream_id)
     cls, names = _AIOQUIC_EVENTS[type(event)]
     return cls(*(getattr(event, name) for name in names))
 
