@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from cco.transport.config import TransportConfig
+from cco.transport.config import QUIC_BACKEND_ENV
 
 os.environ["CCO_STORE"] = ":memory:"
 
@@ -21,9 +21,11 @@ os.environ["CCO_STORE"] = ":memory:"
 # --- QUIC backend ----------------------------------------------------------------
 #
 # The transport tests (tests/test_transport*.py) run once per QUIC backend: the
-# ``quic_backend`` fixture makes it the default of ``TransportConfig.quic_backend``
-# for the test.  A module that tests one backend's internals on purpose sets
-# ``QUIC_BACKENDS`` to that backend alone, saying why.  Other tests use the default.
+# ``quic_backend`` fixture sets CCO_QUIC_BACKEND, the default of
+# ``TransportConfig.quic_backend``, for the test.  A module that tests one backend's
+# internals on purpose sets ``QUIC_BACKENDS`` to that backend alone, saying why.
+# Other tests use the environment's choice (``CCO_QUIC_BACKEND=qh3 pytest`` runs the
+# whole suite on qh3), else aioquic.
 
 QUIC_BACKENDS = ("aioquic", "qh3")
 
@@ -36,9 +38,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture(autouse=True)
 def quic_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    backend: str = getattr(request, "param", "aioquic")
-    if backend != "aioquic":
-        defaults = TransportConfig.__init__.__kwdefaults__
-        assert defaults is not None
-        monkeypatch.setitem(defaults, "quic_backend", backend)
-    return backend
+    backend: str | None = getattr(request, "param", None)
+    if backend is not None:
+        monkeypatch.setenv(QUIC_BACKEND_ENV, backend)
+    return backend or os.environ.get(QUIC_BACKEND_ENV, "aioquic")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ MIN_DATAGRAM_SIZE = 1200
 
 QUIC_BACKENDS = ("aioquic", "qh3")
 """QUIC implementations a link can run on (see :mod:`cco.transport.backend`)."""
+QUIC_BACKEND_ENV = "CCO_QUIC_BACKEND"
 
 MAX_DATAGRAM_SIZE = 65507
 """The largest UDP payload over IPv4; what a link really carries is usually far less."""
@@ -70,10 +72,12 @@ class TransportConfig:
     """If False, a well-framed message that fails to decode is raised from
     :meth:`PeerLink.receive` and the connection stays open; framing errors are
     always fatal, since the stream position is lost."""
-    quic_backend: str = "aioquic"
+    quic_backend: str = field(default_factory=lambda: os.environ.get(QUIC_BACKEND_ENV, "aioquic"))
     """QUIC implementation: ``"aioquic"`` (pure Python, the reference) or ``"qh3"``
     (native packet processing, several times less CPU per packet; the optional
-    ``qh3`` extra).  Peers need not use the same one."""
+    ``qh3`` extra).  Peers need not use the same one.  Default: the environment
+    variable ``CCO_QUIC_BACKEND`` (as for ``cco-node --quic-backend``), else aioquic,
+    so a training script or a whole test run can change stacks without code."""
     qlog_dir: Path | None = None
     """Write one qlog trace per connection here (kept in memory until it closes)."""
     keylog_file: Path | None = None
