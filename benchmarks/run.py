@@ -822,8 +822,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quic-backend",
         choices=("aioquic", "qh3"),
-        default="aioquic",
-        help="every CCO node's QUIC implementation, and the bare stream's (default aioquic)",
+        default="qh3",
+        help="every CCO node's QUIC implementation, and the bare stream's (default qh3, the nodes' own)",
     )
     parser.add_argument("--commit", help="commit measured (default: git HEAD of the tree cco comes from)")
     parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/run[-quick].json)")

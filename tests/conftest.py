@@ -24,8 +24,8 @@ os.environ["CCO_STORE"] = ":memory:"
 # ``quic_backend`` fixture sets CCO_QUIC_BACKEND, the default of
 # ``TransportConfig.quic_backend``, for the test.  A module that tests one backend's
 # internals on purpose sets ``QUIC_BACKENDS`` to that backend alone, saying why.
-# Other tests use the environment's choice (``CCO_QUIC_BACKEND=qh3 pytest`` runs the
-# whole suite on qh3), else aioquic.
+# Other tests use the environment's choice (``CCO_QUIC_BACKEND=aioquic pytest`` runs the
+# whole suite on aioquic), else qh3.
 
 QUIC_BACKENDS = ("aioquic", "qh3")
 
@@ -41,4 +41,4 @@ def quic_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     backend: str | None = getattr(request, "param", None)
     if backend is not None:
         monkeypatch.setenv(QUIC_BACKEND_ENV, backend)
-    return backend or os.environ.get(QUIC_BACKEND_ENV, "aioquic")
+    return backend or os.environ.get(QUIC_BACKEND_ENV, "qh3")

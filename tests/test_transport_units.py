@@ -235,10 +235,10 @@ def test_quic_backend_is_one_we_have(tmp_path: Path) -> None:
 
 def test_quic_backend_defaults_to_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CCO_QUIC_BACKEND", raising=False)
-    assert TransportConfig.for_node(tmp_path, "ep-1").quic_backend == "aioquic"
-    monkeypatch.setenv("CCO_QUIC_BACKEND", "qh3")
     assert TransportConfig.for_node(tmp_path, "ep-1").quic_backend == "qh3"
-    assert TransportConfig.for_node(tmp_path, "ep-1", quic_backend="aioquic").quic_backend == "aioquic"
+    monkeypatch.setenv("CCO_QUIC_BACKEND", "aioquic")
+    assert TransportConfig.for_node(tmp_path, "ep-1").quic_backend == "aioquic"
+    assert TransportConfig.for_node(tmp_path, "ep-1", quic_backend="qh3").quic_backend == "qh3"
     monkeypatch.setenv("CCO_QUIC_BACKEND", "tcp")
     with pytest.raises(ValueError, match="quic_backend 'tcp'"):
         TransportConfig.for_node(tmp_path, "ep-1")

@@ -167,7 +167,13 @@ async def run_rendezvous(cfg: NodeConfig) -> int:
         service = NodeService(machine, node_id, Role.RENDEZVOUS, transport)
         address = await service.listen(host, port)
         service.runner.execute_all([])  # arms the end of the grace period, should nobody come back
-        log.info("rendezvous %s listening on %s:%d (store %s)", node_id, *address[:2], store.path)
+        log.info(
+            "rendezvous %s listening on %s:%d (store %s, QUIC %s)",
+            node_id,
+            *address[:2],
+            store.path,
+            transport.quic_backend,
+        )
         try:
             await stop.wait()
         finally:
@@ -192,7 +198,9 @@ async def run_aggregator(cfg: NodeConfig) -> int:
     )
     service = NodeService(machine, cfg.require("node_id"), Role.AGGREGATOR, transport_config(cfg))
     await service.listen(host, port)
-    log.info("aggregator %s listening on %s:%d", cfg.node_id, host, port)
+    log.info(
+        "aggregator %s listening on %s:%d (QUIC %s)", cfg.node_id, host, port, service.transport.quic_backend
+    )
     stop = _stop_event()
     try:
         return await _stay_registered(service, machine, cfg, stop)
@@ -263,8 +271,15 @@ async def run_endpoint(cfg: NodeConfig) -> int:
         rendezvous_id=cfg.rendezvous_id,
     )
     stop = _stop_event()
-    comm = await Communicator.join(spec, cfg.require("node_id"), transport_config(cfg))
-    log.info("%s joined as rank %d of %d", cfg.node_id, comm.rank, comm.world_size)
+    transport = transport_config(cfg)
+    comm = await Communicator.join(spec, cfg.require("node_id"), transport)
+    log.info(
+        "%s joined as rank %d of %d (QUIC %s)",
+        cfg.node_id,
+        comm.rank,
+        comm.world_size,
+        transport.quic_backend,
+    )
     workload = asyncio.ensure_future(_workload(comm, cfg))
     stopping = asyncio.ensure_future(stop.wait())
     try:

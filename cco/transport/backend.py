@@ -2,12 +2,12 @@
 
 ``TransportConfig.quic_backend`` selects it:
 
-* ``"aioquic"`` (default): :class:`~cco.transport.connection.CcoQuicConnection`,
-  pure Python, every connection feature of this package (bounded credit, fewer
-  ACK-only packets, a non-copying send buffer).
-* ``"qh3"``: :class:`~cco.transport.qh3conn.Qh3Connection`, qh3's native packet
-  core with aioquic's TLS for client certificates; several times less CPU per
-  packet.  Needs the optional ``qh3`` extra.
+* ``"qh3"`` (default): :class:`~cco.transport.qh3conn.Qh3Connection`, qh3's native
+  packet core with aioquic's TLS for client certificates; several times less CPU
+  per packet, which is what bounds a node's goodput at MTU 1500.
+* ``"aioquic"``: :class:`~cco.transport.connection.CcoQuicConnection`, pure Python,
+  with this package's changes to aioquic (bounded credit, fewer ACK-only packets, a
+  non-copying send buffer).
 
 Both satisfy :class:`QuicLink`, all that link.py and endpoint.py use of a
 connection, and both hand out aioquic's event classes.  :func:`connection_factory`

@@ -48,8 +48,9 @@ class TransportConfig:
     max_datagram_size: int = 1452
     """UDP payload size of the packets we send.  1452 fits a 1500-byte Ethernet MTU
     over IPv6 (1500 - 40 - 8); loopback (MTU 65536) and jumbo-frame links allow far
-    more, and since aioquic's cost is per packet, ~16000 there is several times
-    faster (GUIDE section 5).  Above ~16000 gains flatten and 65000 fails."""
+    more, and since a QUIC stack's cost is mostly per packet, ~16000 there is
+    several times faster (GUIDE section 5; 2x with qh3, more with aioquic).  Above
+    ~16000 gains flatten and 65000 fails."""
     idle_timeout: float = 30.0
     """Seconds of silence after which QUIC drops the connection (reported as PEER_LOST)."""
     hello_timeout: float = 10.0
@@ -72,12 +73,12 @@ class TransportConfig:
     """If False, a well-framed message that fails to decode is raised from
     :meth:`PeerLink.receive` and the connection stays open; framing errors are
     always fatal, since the stream position is lost."""
-    quic_backend: str = field(default_factory=lambda: os.environ.get(QUIC_BACKEND_ENV, "aioquic"))
-    """QUIC implementation: ``"aioquic"`` (pure Python, the reference) or ``"qh3"``
-    (native packet processing, several times less CPU per packet; the optional
-    ``qh3`` extra).  Peers need not use the same one.  Default: the environment
-    variable ``CCO_QUIC_BACKEND`` (as for ``cco-node --quic-backend``), else aioquic,
-    so a training script or a whole test run can change stacks without code."""
+    quic_backend: str = field(default_factory=lambda: os.environ.get(QUIC_BACKEND_ENV, "qh3"))
+    """QUIC implementation: ``"qh3"`` (native packet processing, several times less
+    CPU per packet) or ``"aioquic"`` (pure Python).  Peers need not use the same one.
+    Default: the environment variable ``CCO_QUIC_BACKEND`` (as for ``cco-node
+    --quic-backend``), else qh3, so a training script or a whole test run can change
+    stacks without code."""
     qlog_dir: Path | None = None
     """Write one qlog trace per connection here (kept in memory until it closes)."""
     keylog_file: Path | None = None
@@ -87,7 +88,7 @@ class TransportConfig:
         if self.quic_backend not in QUIC_BACKENDS:
             raise ValueError(f"quic_backend {self.quic_backend!r} is not one of {', '.join(QUIC_BACKENDS)}")
         if self.quic_backend == "qh3" and importlib.util.find_spec("qh3") is None:
-            raise ValueError("quic_backend 'qh3' needs the qh3 package: pip install 'cco[qh3]'")
+            raise ValueError("quic_backend 'qh3' needs the qh3 package: pip install qh3==2.1.0")
         if not MIN_DATAGRAM_SIZE <= self.max_datagram_size <= MAX_DATAGRAM_SIZE:
             raise ValueError(
                 f"max_datagram_size {self.max_datagram_size} is outside "
