@@ -141,13 +141,19 @@ LOSS_INTERVALS = 3
 """A peer from which nothing arrived for this many heartbeat intervals is lost."""
 
 DEFAULT_PARAMS = GroupParams(
-    chunk_elements=65536, window=8, heartbeat_interval_ms=1000, operation_timeout_ms=30_000
+    chunk_elements=32768, window=4, heartbeat_interval_ms=1000, operation_timeout_ms=30_000
 )
-"""Operation timeout 30 s: it bounds a slot at an aggregator and, at an endpoint, the
+"""Chunks of 32768 elements, 4 in flight per rank: 512 KiB of float32, about what a
+switch port or a 100 ms queue at 40 Mbit/s holds, so the window itself does not
+overflow the queue it crosses; on the namespace testbed it beat 65536 x 8 (2 MiB)
+on every link tried, with no drops (BENCHMARKS.md, "Chunk size and window").
+
+Operation timeout 30 s: it bounds a slot at an aggregator and, at an endpoint, the
 time without progress of an operation (a watchdog that every completed chunk moves
 on), not the whole operation, so that the largest collective on the slowest link
-(64 MiB of float32 over 40 Mbit/s at MTU 1500: measured 73 to 127 s here) completes,
-while a stalled one fails within 30 s naming the missing ranks."""
+(64 MiB of float32 over 40 Mbit/s at MTU 1500: measured 73 to 127 s here on aioquic,
+15 s on qh3) completes, while a stalled one fails within 30 s naming the missing
+ranks."""
 DEFAULT_FAN_IN = 16
 RESUME_REDIAL_GAP = 9.0
 """Seconds of the default grace period after a restart beyond the peers' own loss
