@@ -294,5 +294,5 @@ def test_the_rendezvous_process_keeps_its_store_in_the_default_place(tmp_path: P
             process.send_signal(signal.SIGTERM)
             assert process.wait(15) == 0
     expected = tmp_path / "state" / "cco" / "rendezvous-rendezvous.sqlite3"
-    assert f"(store {expected})" in log.read_text()
+    assert f"store {expected})" in log.read_text()
     assert RendezvousStore(expected).load() == DurableState()

@@ -168,11 +168,11 @@ async def run_rendezvous(cfg: NodeConfig) -> int:
         address = await service.listen(host, port)
         service.runner.execute_all([])  # arms the end of the grace period, should nobody come back
         log.info(
-            "rendezvous %s listening on %s:%d (store %s, QUIC %s)",
+            "rendezvous %s listening on %s:%d (QUIC %s, store %s)",
             node_id,
             *address[:2],
-            store.path,
             transport.quic_backend,
+            store.path,
         )
         try:
             await stop.wait()
