@@ -13,7 +13,9 @@ CPU-bound figures.  Writes JSON and a PNG plot to ``benchmarks/results/``.
     python benchmarks/run.py --endpoints 2 4 8 --mtu 9000 --rate-mbit 40
     python benchmarks/run.py --loopback --endpoints 4 --sizes 8 1048576 67108864
 
-Times are the slowest rank's per round.  The QUIC datagram size follows the MTU
+CCO's nodes run on ``--quic-backend`` (default qh3, the nodes' own default; the bare
+stream of the CPU-efficiency figure uses the same stack).  Times are the slowest
+rank's per round.  The QUIC datagram size follows the MTU
 (MTU minus IPv6 and UDP headers: 9000 -> 8952, 1500 -> 1452; 16000 on loopback).
 Operation timeouts are generous (10 minutes) so slow runs are measured, not failed;
 a run that fails anyway is reported with the end of each failing node's log.
