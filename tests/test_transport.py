@@ -195,34 +195,22 @@ def test_client_certificate_from_another_ca_is_refused(pki: Path, other_pki: Pat
     run(test)
 
 
-def test_client_without_certificate_is_refused(pki: Path) -> None:
-    """A plain aioquic client presents no certificate; the server refuses at the handshake."""
+@pytest.mark.parametrize(
+    ("connect_plain", "configuration_class"),
+    [(aioquic_connect, QuicConfiguration), (qh3_connect, Qh3Configuration)],
+    ids=["aioquic-client", "qh3-client"],
+)
+def test_client_without_certificate_is_refused(
+    pki: Path, connect_plain: Callable[..., Any], configuration_class: type[Any]
+) -> None:
+    """A plain client of either stack (its own TLS) presents no certificate when asked;
+    the server refuses at the handshake."""
 
     async def test() -> None:
         async with server(pki) as (srv, accepted):
             host, port = srv.address
-            plain = QuicConfiguration(is_client=True, alpn_protocols=[ALPN], verify_mode=ssl.CERT_NONE)
-            async with aioquic_connect(host, port, configuration=plain) as client:
-                await asyncio.wait_for(client.wait_closed(), 5)
-                termination = client._quic._close_event
-                assert termination is not None
-                assert (
-                    termination.error_code
-                    == QuicErrorCode.CRYPTO_ERROR + AlertDescription.certificate_required
-                )
-            assert accepted.empty()
-
-    run(test)
-
-
-def test_qh3_client_without_certificate_is_refused(pki: Path) -> None:
-    """A plain qh3 client (qh3's own TLS) answers the certificate request with none; refused."""
-
-    async def test() -> None:
-        async with server(pki) as (srv, accepted):
-            host, port = srv.address
-            plain = Qh3Configuration(is_client=True, alpn_protocols=[ALPN], verify_mode=ssl.CERT_NONE)
-            async with qh3_connect(host, port, configuration=plain) as client:
+            plain = configuration_class(is_client=True, alpn_protocols=[ALPN], verify_mode=ssl.CERT_NONE)
+            async with connect_plain(host, port, configuration=plain) as client:
                 await asyncio.wait_for(client.wait_closed(), 5)
                 termination = client._quic._close_event
                 assert termination is not None

@@ -110,6 +110,20 @@ class ConnectionFactory(Protocol):
     def server(self, original_destination_connection_id: bytes) -> QuicLink: ...
 
 
+def _settings(config: TransportConfig, is_client: bool, diagnostics: Diagnostics) -> dict[str, Any]:
+    """The QuicConfiguration fields both stacks take alike (their classes share them)."""
+    return {
+        "is_client": is_client,
+        "alpn_protocols": [ALPN],
+        "idle_timeout": config.idle_timeout,
+        "max_datagram_size": config.max_datagram_size,
+        "max_data": config.receive_window,
+        "max_stream_data": config.receive_window,
+        "quic_logger": diagnostics.quic_logger,
+        "secrets_log_file": diagnostics.keylog,
+    }
+
+
 def aioquic_configuration(
     config: TransportConfig, *, is_client: bool, diagnostics: Diagnostics
 ) -> QuicConfiguration:
@@ -119,15 +133,7 @@ def aioquic_configuration(
     (see :mod:`cco.transport.peercheck`), so no SNI is sent.
     """
     quic_config = QuicConfiguration(
-        is_client=is_client,
-        alpn_protocols=[ALPN],
-        idle_timeout=config.idle_timeout,
-        max_datagram_size=config.max_datagram_size,
-        max_data=config.receive_window,
-        max_stream_data=config.receive_window,
-        quic_logger=diagnostics.quic_logger,
-        secrets_log_file=diagnostics.keylog,
-        verify_mode=ssl.CERT_REQUIRED,
+        **_settings(config, is_client, diagnostics), verify_mode=ssl.CERT_REQUIRED
     )
     quic_config.load_cert_chain(config.cert_file, config.key_file)
     quic_config.load_verify_locations(cafile=str(config.ca_file))
@@ -160,23 +166,13 @@ class _Qh3Factory:
     def __init__(
         self, config: TransportConfig, is_client: bool, diagnostics: Diagnostics, credentials: Credentials
     ) -> None:
-        # qh3 is an optional extra: imported only when chosen (TransportConfig
-        # checked that it is installed).
+        # Imported when chosen: a node on aioquic does not load qh3's native module.
         from qh3.quic.configuration import QuicConfiguration as Qh3Configuration
 
         from cco.transport.qh3conn import Qh3Connection
 
         self._connection_class = Qh3Connection
-        self._quic_config = Qh3Configuration(
-            is_client=is_client,
-            alpn_protocols=[ALPN],
-            idle_timeout=config.idle_timeout,
-            max_datagram_size=config.max_datagram_size,
-            max_data=config.receive_window,
-            max_stream_data=config.receive_window,
-            quic_logger=diagnostics.quic_logger,
-            secrets_log_file=diagnostics.keylog,  # type: ignore[arg-type]  # qh3 annotates it without None
-        )
+        self._quic_config = Qh3Configuration(**_settings(config, is_client, diagnostics))
         # qh3's bridge insists that a server holds its own certificate; the TLS
         # that runs is aioquic's, which gets ``credentials``.
         self._quic_config.load_cert_chain(config.cert_file, config.key_file)
