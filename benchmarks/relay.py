@@ -53,6 +53,9 @@ class Profile:
 @dataclass
 class Counters:
     forwarded_up: int = 0
+    bytes_up: int = 0
+    """UDP payload bytes forwarded up: progress of the data, which handshakes, ACKs and
+    probes (many datagrams, few bytes) barely move."""
     dropped_up: int = 0
     forwarded_down: int = 0
     dropped_down: int = 0
@@ -93,6 +96,7 @@ class Relay(asyncio.DatagramProtocol):
             self.counters.dropped_up += 1
             return
         self.counters.forwarded_up += 1
+        self.counters.bytes_up += len(data)
         self._later(upstream.send, data)
 
     def back_to(self, client: tuple[str, int], data: bytes) -> None:
