@@ -45,7 +45,7 @@ from datetime import timedelta
 from importlib import metadata
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import netns
 
@@ -293,7 +293,17 @@ def gloo_worker(argv: list[str]) -> int:
 # --- a bare QUIC stream: what the same stack does without CCO ----------------------------------
 
 
-def _quic_api(backend: str) -> argparse.Namespace:
+class QuicApi(NamedTuple):
+    """What the bare stream uses of one stack's asyncio API (qh3 mirrors aioquic's)."""
+
+    connect: Any
+    serve: Any
+    Protocol: Any
+    QuicConfiguration: Any
+    StreamDataReceived: Any
+
+
+def _quic_api(backend: str) -> QuicApi:
     """The asyncio client/server API of ``backend`` (qh3 mirrors aioquic's)."""
     if backend == "qh3":
         from qh3.asyncio.client import connect
@@ -307,7 +317,7 @@ def _quic_api(backend: str) -> argparse.Namespace:
         from aioquic.asyncio.server import serve  # type: ignore[assignment]
         from aioquic.quic.configuration import QuicConfiguration  # type: ignore[assignment]
         from aioquic.quic.events import StreamDataReceived  # type: ignore[assignment]
-    return argparse.Namespace(
+    return QuicApi(
         connect=connect,
         serve=serve,
         Protocol=QuicConnectionProtocol,

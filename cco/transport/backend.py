@@ -11,7 +11,8 @@
 
 Both satisfy :class:`QuicLink`, all that link.py and endpoint.py use of a
 connection, and both hand out aioquic's event classes.  :func:`connection_factory`
-is the only place that knows which backend is in use.
+is the only place that knows which backend is in use, but for :class:`Diagnostics`,
+whose qlog writer is the backend's own type.
 """
 
 from __future__ import annotations

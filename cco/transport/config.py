@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,8 +86,6 @@ class TransportConfig:
     def __post_init__(self) -> None:
         if self.quic_backend not in QUIC_BACKENDS:
             raise ValueError(f"quic_backend {self.quic_backend!r} is not one of {', '.join(QUIC_BACKENDS)}")
-        if self.quic_backend == "qh3" and importlib.util.find_spec("qh3") is None:
-            raise ValueError("quic_backend 'qh3' needs the qh3 package: pip install qh3==2.1.0")
         if not MIN_DATAGRAM_SIZE <= self.max_datagram_size <= MAX_DATAGRAM_SIZE:
             raise ValueError(
                 f"max_datagram_size {self.max_datagram_size} is outside "
