@@ -103,7 +103,9 @@ def test_a_rendezvous_killed_and_restarted_mid_run_loses_no_group(tmp_path: Path
 
         for rank in ranks:
             rank.send_signal(signal.SIGTERM)
-        assert [rank.wait(15) for rank in ranks] == [0] * RANKS
+        statuses = [rank.wait(15) for rank in ranks]
+        tails = {r: cluster.log(f"ep-{r}")[-600:] for r in range(RANKS) if statuses[r] != 0}
+        assert statuses == [0] * RANKS, f"every rank stops with status 0; the others' logs end: {tails}"
     assert log_problems(sorted(tmp_path.glob("*.log"))) == [], "no node logged an ERROR or a traceback"
 
 

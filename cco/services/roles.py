@@ -18,6 +18,7 @@ import resource
 import signal
 import sys
 import time
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -280,22 +281,39 @@ async def run_endpoint(cfg: NodeConfig) -> int:
         comm.world_size,
         transport.quic_backend,
     )
-    workload = asyncio.ensure_future(_workload(comm, cfg))
-    stopping = asyncio.ensure_future(stop.wait())
     try:
-        await asyncio.wait([workload, stopping], return_when=asyncio.FIRST_COMPLETED)
-        if stop.is_set() and not workload.done():
-            # SIGINT or SIGTERM: leave at once (no closing barrier) so that the other
-            # ranks' collectives fail naming this rank instead of waiting for it
-            log.info("%s: stopping on a signal; leaving the group", cfg.node_id)
-            workload.cancel()
+        if await _unless_stopped(_workload(comm, cfg), stop, cfg.node_id):
+            # leave at once (no closing barrier) so that the other ranks' collectives
+            # fail naming this rank instead of waiting for it
             await comm.close(linger=False)
-            return 0
-        await workload
     finally:
-        stopping.cancel()
         await comm.close()
     return 0
+
+
+async def _unless_stopped(workload: Coroutine[Any, Any, None], stop: asyncio.Event, node_id: str) -> bool:
+    """Run ``workload`` until it ends or ``stop`` is set (SIGINT or SIGTERM); True if stopped.
+
+    The signal wins over a workload that ended in the same turn of the loop, even with
+    an error: when a whole job is stopped, the first rank to leave fails the collective
+    the others had in flight, and that news can be read together with their own
+    signal.  A workload that fails before the signal raises as usual."""
+    task = asyncio.ensure_future(workload)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([task, stopping], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if not stop.is_set():
+        await task
+        return False
+    log.info("%s: stopping on a signal; leaving the group", node_id)
+    if not task.done():
+        task.cancel()
+        await asyncio.wait([task])
+    if not task.cancelled() and task.exception() is not None:
+        log.info("%s: the collective in flight ended as it stopped: %s", node_id, task.exception())
+    return True
 
 
 async def _workload(comm: Communicator, cfg: NodeConfig) -> None:
