@@ -3,17 +3,19 @@
 A receiver in this process (what an aggregator's transport does: accept links,
 decode every message) takes ``--mib`` MiB from each of ``--senders`` sender
 processes over loopback; then the same bytes travel as one plain QUIC stream per
-sender through the same stack with aioquic's own asyncio protocol and no CCO at
-all (no framing, no message decoding, no client certificates).  Goodput is payload
-bytes / (last byte received - first byte received) at the receiver, so
-connection set-up is excluded.  The target (issue 8) is CCO at least 70% of bare.
+sender through the same stack (``--quic-backend``, default qh3 as the nodes' own;
+both modes, both ends) with that stack's own asyncio protocol and no CCO at all
+(no framing, no message decoding, no client certificates; the stack's default
+windows).  Goodput is payload bytes / (last byte received - first byte received)
+at the receiver, so connection set-up is excluded.  The target (issue 8) is CCO
+at least 70% of bare.
 
 The receiver also reports its CPU seconds per MiB: on a loaded 2-core machine that
 is steadier than wall time.  Repeats alternate the two modes, so both see the same
 machine load; medians are reported.  Prints a table and writes JSON.
 
     .venv/bin/python benchmarks/bench_datapath.py [--mib 64] [--senders 1] [--repeats 3]
-        [--datagram-size 16000] [--loop asyncio|uvloop]
+        [--datagram-size 16000] [--loop asyncio|uvloop] [--quic-backend qh3|aioquic]
 """
 
 from __future__ import annotations
@@ -30,12 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aioquic
-from aioquic.asyncio import QuicConnectionProtocol
-from aioquic.asyncio import connect as quic_connect
-from aioquic.asyncio import serve as quic_serve
-from aioquic.quic import events
-from aioquic.quic.configuration import QuicConfiguration
+from quicapi import BACKENDS, QuicApi, quic_api, stack_version
 
 from cco.transport import LocalIdentity, PeerLink, TransportConfig, connect, create_dev_pki, serve
 from cco.transport.certs import CA_CERT_FILE, node_paths
@@ -45,6 +42,7 @@ from cco.wire.registries import Collective, DType, ReduceOp, Role
 MiB = 1 << 20
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_datapath.json"
 TARGET_RATIO = 0.70
+SEND_BUFFER = 8 * MiB  # TransportConfig.send_buffer's default: what PeerLink.drain() lets queue unsent
 CHUNK = MiB
 CAPS = Capabilities(
     dtypes=(DType.INT64,),
@@ -92,9 +90,9 @@ def _chunks(mib: int, sender: int) -> list[Contribution]:
     ]
 
 
-async def _send_cco(pki: Path, port: int, sender: int, mib: int, datagram_size: int) -> None:
+async def _send_cco(pki: Path, port: int, sender: int, mib: int, datagram_size: int, backend: str) -> None:
     node_id = f"ep-{sender}"
-    config = TransportConfig.for_node(pki, node_id, max_datagram_size=datagram_size)
+    config = TransportConfig.for_node(pki, node_id, max_datagram_size=datagram_size, quic_backend=backend)
     link = await connect("127.0.0.1", port, config, LocalIdentity(node_id, Role.ENDPOINT, CAPS), SERVER_ID)
     for message in _chunks(mib, sender):
         link.send(message)
@@ -102,32 +100,54 @@ async def _send_cco(pki: Path, port: int, sender: int, mib: int, datagram_size: 
     await link.wait_closed()  # the receiver closes once it has everything
 
 
-async def _send_bare(pki: Path, port: int, mib: int, datagram_size: int) -> None:
-    config = QuicConfiguration(
+def _unsent(quic: Any, backend: str, stream_id: int, queued: int) -> int:
+    """Stream bytes handed to ``quic`` but not sent once yet: what PeerLink.drain() bounds.
+
+    qh3 says it itself (``get_send_buffer_size``, public API; what CCO's qh3 backend
+    uses too).  aioquic has no public counterpart: bytes queued minus the connection's
+    stream bytes sent at least once (``_remote_max_data_used``, private; CCO's aioquic
+    backend reads the same), which is this one stream's.
+    """
+    if backend == "qh3":
+        return int(quic.get_send_buffer_size(stream_id))
+    return queued - int(quic._remote_max_data_used)
+
+
+async def _send_bare(pki: Path, port: int, mib: int, datagram_size: int, backend: str) -> None:
+    api = quic_api(backend)
+    config = api.QuicConfiguration(
         is_client=True, alpn_protocols=["bench"], max_datagram_size=datagram_size, verify_mode=ssl.CERT_NONE
     )
-    async with quic_connect("127.0.0.1", port, configuration=config) as client:
+    async with api.connect("127.0.0.1", port, configuration=config) as client:
         quic = client._quic
         stream_id = quic.get_next_available_stream_id()
         payload = bytes(range(256)) * (CHUNK // 256)
         for index in range(mib):
             quic.send_stream_data(stream_id, payload, end_stream=index == mib - 1)
             client.transmit()
-            # Same back-pressure as PeerLink.drain(): at most 8 MiB queued unsent.
-            while quic._remote_max_data_used < (index + 1) * CHUNK - 8 * MiB:
+            # Same back-pressure as PeerLink.drain(): at most send_buffer (8 MiB) queued unsent.
+            while _unsent(quic, backend, stream_id, (index + 1) * CHUNK) > SEND_BUFFER:
                 await asyncio.sleep(0.001)
         await client.wait_closed()
 
 
 def sender_main(
-    mode: str, pki: Path, port: int, sender: int, mib: int, datagram_size: int, loop: str, cpu: Any
+    mode: str,
+    pki: Path,
+    port: int,
+    sender: int,
+    mib: int,
+    datagram_size: int,
+    loop: str,
+    backend: str,
+    cpu: Any,
 ) -> None:
     """Send, then report the CPU seconds that took on ``cpu`` (a multiprocessing queue)."""
     start = time.process_time()  # after start-up and imports
     if mode == "cco":
-        _run(_send_cco(pki, port, sender, mib, datagram_size), loop)
+        _run(_send_cco(pki, port, sender, mib, datagram_size, backend), loop)
     else:
-        _run(_send_bare(pki, port, mib, datagram_size), loop)
+        _run(_send_bare(pki, port, mib, datagram_size, backend), loop)
     cpu.put(time.process_time() - start)
 
 
@@ -154,15 +174,18 @@ class _Meter:
             self.done.set_result(None)
 
 
-class _BareReceiver(QuicConnectionProtocol):
-    meter: _Meter
+def _bare_receiver(api: QuicApi, meter: _Meter) -> Any:
+    """A protocol class of ``api``'s stack that counts stream data into ``meter``."""
 
-    def quic_event_received(self, event: events.QuicEvent) -> None:
-        if isinstance(event, events.StreamDataReceived):
-            self.meter.add(len(event.data))
-            if event.end_stream:
-                self._quic.close()
-                self.transmit()
+    class BareReceiver(api.Protocol):  # type: ignore[misc,name-defined]
+        def quic_event_received(self, event: Any) -> None:
+            if isinstance(event, api.StreamDataReceived):
+                meter.add(len(event.data))
+                if event.end_stream:
+                    self._quic.close()
+                    self.transmit()
+
+    return BareReceiver
 
 
 async def _receive(mode: str, pki: Path, args: argparse.Namespace) -> dict[str, float]:
@@ -176,31 +199,30 @@ async def _receive(mode: str, pki: Path, args: argparse.Namespace) -> dict[str, 
                 meter.add(len(message.payload))
             link.close()
 
-        config = TransportConfig.for_node(pki, SERVER_ID, max_datagram_size=args.datagram_size)
+        config = TransportConfig.for_node(
+            pki, SERVER_ID, max_datagram_size=args.datagram_size, quic_backend=args.quic_backend
+        )
         server: Any = await serve(
             "127.0.0.1", 0, config, LocalIdentity(SERVER_ID, Role.AGGREGATOR, CAPS), on_link
         )
         port = server.address[1]
     else:
+        api = quic_api(args.quic_backend)
         cert, key = node_paths(pki, SERVER_ID)
-        quic_config = QuicConfiguration(
+        quic_config = api.QuicConfiguration(
             is_client=False, alpn_protocols=["bench"], max_datagram_size=args.datagram_size
         )
         quic_config.load_cert_chain(cert, key)
-
-        def create_protocol(*a: Any, **kw: Any) -> _BareReceiver:
-            protocol = _BareReceiver(*a, **kw)
-            protocol.meter = meter
-            return protocol
-
-        server = await quic_serve("127.0.0.1", 0, configuration=quic_config, create_protocol=create_protocol)
+        server = await api.serve(
+            "127.0.0.1", 0, configuration=quic_config, create_protocol=_bare_receiver(api, meter)
+        )
         port = server._transport.get_extra_info("sockname")[1]
     context = multiprocessing.get_context("spawn")
     sender_cpu = context.Queue()
     senders = [
         context.Process(
             target=sender_main,
-            args=(mode, pki, port, i, args.mib, args.datagram_size, args.loop, sender_cpu),
+            args=(mode, pki, port, i, args.mib, args.datagram_size, args.loop, args.quic_backend, sender_cpu),
         )
         for i in range(args.senders)
     ]
@@ -245,6 +267,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--datagram-size", type=int, default=16000)
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    parser.add_argument(
+        "--quic-backend",
+        choices=BACKENDS,
+        default="qh3",
+        help="QUIC stack of both modes, both ends (default qh3, the nodes' own)",
+    )
     parser.add_argument("--modes", nargs="+", choices=("bare", "cco"), default=["bare", "cco"])
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -273,7 +301,7 @@ def main() -> None:
         ratio = summary["cco"]["median_mb_per_s"] / summary["bare"]["median_mb_per_s"]
     print(
         f"{args.senders} sender(s) x {args.mib} MiB, datagram {args.datagram_size}, "
-        f"loop {args.loop}, {args.repeats} repeats"
+        f"loop {args.loop}, {args.quic_backend} {stack_version(args.quic_backend)}, {args.repeats} repeats"
     )
     print(f"{'mode':>5} {'MB/s (median)':>14} {'runs MB/s':>24} {'rx CPU ms/MiB':>14} {'tx CPU ms/MiB':>14}")
     for mode, rows in runs.items():
@@ -290,7 +318,9 @@ def main() -> None:
     report = {
         "benchmark": "bench_datapath",
         "python": platform.python_version(),
-        "aioquic": aioquic.__version__,
+        "quic_backend": args.quic_backend,
+        "quic_backend_version": stack_version(args.quic_backend),
+        "aioquic": stack_version("aioquic"),  # CCO's qh3 backend runs aioquic's TLS too
         "machine": platform.machine(),
         "args": {k: str(v) for k, v in vars(args).items()},
         "runs": runs,

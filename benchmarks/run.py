@@ -45,9 +45,10 @@ from datetime import timedelta
 from importlib import metadata
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import netns
+from quicapi import quic_api
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -293,39 +294,6 @@ def gloo_worker(argv: list[str]) -> int:
 # --- a bare QUIC stream: what the same stack does without CCO ----------------------------------
 
 
-class QuicApi(NamedTuple):
-    """What the bare stream uses of one stack's asyncio API (qh3 mirrors aioquic's)."""
-
-    connect: Any
-    serve: Any
-    Protocol: Any
-    QuicConfiguration: Any
-    StreamDataReceived: Any
-
-
-def _quic_api(backend: str) -> QuicApi:
-    """The asyncio client/server API of ``backend`` (qh3 mirrors aioquic's)."""
-    if backend == "qh3":
-        from qh3.asyncio.client import connect
-        from qh3.asyncio.protocol import QuicConnectionProtocol
-        from qh3.asyncio.server import serve
-        from qh3.quic.configuration import QuicConfiguration
-        from qh3.quic.events import StreamDataReceived
-    else:
-        from aioquic.asyncio.client import connect  # type: ignore[assignment]
-        from aioquic.asyncio.protocol import QuicConnectionProtocol  # type: ignore[assignment]
-        from aioquic.asyncio.server import serve  # type: ignore[assignment]
-        from aioquic.quic.configuration import QuicConfiguration  # type: ignore[assignment]
-        from aioquic.quic.events import StreamDataReceived  # type: ignore[assignment]
-    return QuicApi(
-        connect=connect,
-        serve=serve,
-        Protocol=QuicConnectionProtocol,
-        QuicConfiguration=QuicConfiguration,
-        StreamDataReceived=StreamDataReceived,
-    )
-
-
 def quic_sink(argv: list[str]) -> int:
     """Receive one stream; print 'ready' and then the receive time and byte count."""
     from cco.transport import TransportConfig
@@ -336,7 +304,7 @@ def quic_sink(argv: list[str]) -> int:
     parser.add_argument("--datagram", type=int, required=True)
     parser.add_argument("--backend", choices=("aioquic", "qh3"), default="aioquic")
     args = parser.parse_args(argv)
-    quic = _quic_api(args.backend)
+    quic = quic_api(args.backend)
 
     async def main() -> None:
         done: asyncio.Future[tuple[float, int]] = asyncio.get_running_loop().create_future()
@@ -376,7 +344,7 @@ def bare_quic_goodput(pki: Path, datagram: int, nbytes: int, backend: str = "aio
     Same stack and datagram size as CCO, and CCO's receive window; no CCO framing,
     no aggregation.
     """
-    quic = _quic_api(backend)
+    quic = quic_api(backend)
     port = netns._free_port()
     argv = [
         sys.executable,
