@@ -408,6 +408,67 @@ def test_stray_datagrams_do_not_disturb_a_running_link(pki: Path) -> None:
     run(test)
 
 
+def test_a_coalesced_run_goes_to_its_link_whole_only_if_every_datagram_is_the_links(pki: Path) -> None:
+    """UDP GRO hands the server runs of datagrams from one address.  A run goes whole
+    to a link when each of its datagrams has a short header with that link's
+    connection ID; any other run is taken apart and routed datagram by datagram."""
+
+    async def test() -> None:
+        async with server(pki) as (srv, accepted):
+            link = await dial(srv, pki)
+            peer = await accepted.get()
+            await exchange(link, peer, Heartbeat(seq=1))
+            cid, target = next(iter(srv._routes.items()))
+            calls: list[tuple[str, int]] = []
+            target.segments_received = lambda data, size, addr: calls.append(("run", len(data) // size))  # type: ignore[method-assign]
+            target.datagram_received = lambda data, addr: calls.append(("one", len(data)))  # type: ignore[method-assign]
+            try:
+                own = b"\x41" + cid + bytes(40)
+                unknown = b"\x41" + bytes(len(cid)) + bytes(40)
+                handshake = b"\xe0" + bytes(len(own) - 1)
+                address = ("127.0.0.1", 9)
+                srv.segments_received(own * 3, len(own), address)
+                assert calls == [("run", 3)]
+                calls.clear()
+                srv.segments_received(own + unknown + own, len(own), address)
+                assert calls == [("one", len(own)), ("one", len(own))]  # the unknown one dropped
+                calls.clear()
+                srv.segments_received(own + handshake, len(own), address)
+                assert calls == [("one", len(own))]
+            finally:
+                del target.segments_received, target.datagram_received  # type: ignore[attr-defined]
+            await exchange(link, peer, Heartbeat(seq=2))
+
+    run(test)
+
+
+def test_a_link_takes_coalesced_runs_and_loses_nothing(pki: Path) -> None:
+    """At 1452-byte datagrams a 4 MiB message reaches the server's link partly as
+    kernel-coalesced runs (where the kernel offers UDP_GRO), and arrives intact."""
+
+    async def test() -> int:
+        async with server(pki, max_datagram_size=1452) as (srv, accepted):
+            link = await dial(srv, pki, max_datagram_size=1452)
+            peer = await accepted.get()
+            runs: list[int] = []
+            taker = protocol(peer)
+            take_run = taker.segments_received
+
+            def counting(data: bytes, size: int, addr: tuple[object, ...]) -> None:
+                runs.append(len(data) // size)
+                take_run(data, size, addr)
+
+            taker.segments_received = counting  # type: ignore[method-assign]
+            message = chunk(GROUP_A, 0, elements=1 << 20, chunks=1)
+            link.send(message)
+            assert await peer.receive() == message
+            await exchange(peer, link, Heartbeat(seq=1))
+            return len(runs)
+
+    if run(test) == 0:
+        pytest.skip("no coalesced run arrived: this kernel does not offer UDP_GRO on loopback")
+
+
 def test_data_travels_on_one_unidirectional_stream_per_group_in_order(pki: Path) -> None:
     async def test() -> None:
         async with server(pki) as (srv, accepted):

@@ -6,7 +6,9 @@ import asyncio
 import socket
 from typing import Any
 
-from cco.transport.udp import BatchedUdpTransport, open_udp
+import pytest
+
+from cco.transport.udp import BatchedUdpTransport, SegmentedDatagramProtocol, open_udp, split_segments
 
 QUIC_BACKENDS = ("aioquic",)
 """The UDP layer under both backends, no QUIC connection: nothing depends on the backend."""
@@ -164,3 +166,132 @@ def test_without_segmentation_offload_datagrams_go_one_by_one() -> None:
     datagrams = _mixed_datagrams()
     assert received == datagrams + datagrams[:2]
     assert not gso and refused == 1  # refused once, then never tried again
+
+
+# --- receiving coalesced runs (UDP GRO) -------------------------------------------
+
+
+class RunRecorder(SegmentedDatagramProtocol):
+    """Takes runs whole: records each run's datagram size and the datagrams in it."""
+
+    def __init__(self) -> None:
+        self.datagrams: list[bytes] = []
+        self.runs: list[tuple[int, int]] = []  # (segment size, datagrams)
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        self.datagrams.append(data)
+
+    def segments_received(self, data: bytes, segment_size: int, addr: Any) -> None:
+        run = split_segments(data, segment_size)
+        self.runs.append((segment_size, len(run)))
+        self.datagrams.extend(run)
+
+
+class SplittingRecorder(SegmentedDatagramProtocol):
+    """Keeps the default ``segments_received``: one ``datagram_received`` per datagram."""
+
+    def __init__(self) -> None:
+        self.datagrams: list[bytes] = []
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        self.datagrams.append(data)
+
+
+async def _coalesced(receiver_protocol: RunRecorder | SplittingRecorder, datagrams: list[bytes]) -> bool:
+    loop = asyncio.get_running_loop()
+    receiver = await open_udp(receiver_protocol, "127.0.0.1", 0)
+    receiver.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+    sender = await open_udp(Recorder(), "127.0.0.1", 0)
+    sender.send_datagrams(datagrams, receiver.get_extra_info("sockname"))  # GSO runs
+    deadline = loop.time() + 5
+    while len(receiver_protocol.datagrams) < len(datagrams) and loop.time() < deadline:
+        await asyncio.sleep(0.01)
+    gro = receiver._gro
+    sender.close()
+    receiver.close()
+    return gro
+
+
+def test_a_coalesced_run_reaches_a_segmented_protocol_whole() -> None:
+    recorder = RunRecorder()
+    datagrams = _mixed_datagrams()
+    if not asyncio.run(_coalesced(recorder, datagrams)):
+        pytest.skip("this kernel does not offer UDP_GRO")
+    assert recorder.datagrams == datagrams  # every datagram, in order, boundaries intact
+    assert any(count > 1 for _, count in recorder.runs)  # the kernel did coalesce
+    assert all(size in (1200, 5000) for size, _ in recorder.runs)
+
+
+def test_the_default_segments_received_delivers_datagrams_one_by_one() -> None:
+    recorder = SplittingRecorder()
+    datagrams = _mixed_datagrams()
+    if not asyncio.run(_coalesced(recorder, datagrams)):
+        pytest.skip("this kernel does not offer UDP_GRO")
+    assert recorder.datagrams == datagrams
+
+
+def test_only_a_segmented_protocol_asks_for_coalesced_runs() -> None:
+    async def main() -> tuple[bool, bool]:
+        plain = await open_udp(Recorder(), "127.0.0.1", 0)
+        segmented = await open_udp(RunRecorder(), "127.0.0.1", 0)
+        flags = (plain._gro, segmented._gro)
+        plain.close()
+        segmented.close()
+        return flags
+
+    plain, segmented = asyncio.run(main())
+    assert not plain  # asyncio.DatagramProtocol gets one datagram per call, as always
+    assert segmented or not hasattr(socket, "SOL_UDP")
+
+
+def test_a_run_counts_its_datagrams_against_the_batch() -> None:
+    """64 datagrams in coalesced runs end one callback, however few reads they took."""
+
+    async def main() -> list[int]:
+        loop = asyncio.get_running_loop()
+        turns: list[int] = []
+
+        class Counting(RunRecorder):
+            marked = False
+
+            def segments_received(self, data: bytes, segment_size: int, addr: Any) -> None:
+                super().segments_received(data, segment_size, addr)
+                self._mark_turn()
+
+            def datagram_received(self, data: bytes, addr: Any) -> None:
+                super().datagram_received(data, addr)
+                self._mark_turn()
+
+            def _mark_turn(self) -> None:
+                if not self.marked:
+                    self.marked = True
+                    loop.call_soon(self._end_turn)
+
+            def _end_turn(self) -> None:
+                self.marked = False
+                turns.append(len(self.datagrams))
+
+        recorder = Counting()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind(("127.0.0.1", 0))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        transport = BatchedUdpTransport(loop, sock, recorder, batch=64)
+        if not transport._gro:
+            transport.close()
+            pytest.skip("this kernel does not offer UDP_GRO")
+        loop.remove_reader(sock.fileno())  # let the runs queue up in the kernel first
+        sender = await open_udp(Recorder(), "127.0.0.1", 0)
+        for _ in range(4):  # 4 GSO sends of 40 datagrams: 160 datagrams, a few reads
+            sender.send_datagrams([bytes(1000)] * 40, transport.get_extra_info("sockname"))
+        sender.close()
+        await asyncio.sleep(0.05)
+        loop.add_reader(sock.fileno(), transport._read_ready)
+        while len(recorder.datagrams) < 160:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0)
+        transport.close()
+        return turns
+
+    turns = asyncio.run(main())
+    assert turns[-1] == 160 and len(turns) >= 2  # counting reads, one callback would take all 160
+    assert all(later - earlier <= 64 + 40 for earlier, later in zip([0, *turns], turns, strict=False))

@@ -61,7 +61,7 @@ from typing import Any
 from aioquic import tls
 from aioquic.quic import events
 from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.connection import Limit, QuicConnection, QuicReceiveContext
+from aioquic.quic.connection import Limit, NetworkAddress, QuicConnection, QuicReceiveContext
 from aioquic.quic.packet import QuicErrorCode, QuicFrameType
 from aioquic.quic.packet_builder import QuicPacketBuilder
 from aioquic.quic.recovery import QuicPacketSpace
@@ -70,6 +70,7 @@ from aioquic.quic.stream import QuicStream
 from cco.transport.certs import NodeIdentity
 from cco.transport.peercheck import verified_identity
 from cco.transport.sendbuffer import SendBuffer
+from cco.transport.udp import split_segments
 
 ACK_DELAY = 0.020
 """Seconds an ACK may wait for data to ride on (aioquic: 1 ms; advertised maximum 25 ms)."""
@@ -138,6 +139,11 @@ class CcoQuicConnection(QuicConnection):
     def stream_bytes_sent(self) -> int:
         """Stream bytes sent at least once, over all streams (aioquic's own count)."""
         return int(self._remote_max_data_used)
+
+    def receive_segments(self, data: bytes, segment_size: int, addr: NetworkAddress, now: float) -> None:
+        """A kernel-coalesced run of datagrams, one by one (aioquic takes no runs)."""
+        for datagram in split_segments(data, segment_size):
+            self.receive_datagram(datagram, addr, now)
 
     @property
     def bytes_in_flight(self) -> int:

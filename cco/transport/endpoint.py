@@ -26,7 +26,7 @@ from cco.transport.backend import ConnectionFactory, Diagnostics, connection_fac
 from cco.transport.config import MIN_DATAGRAM_SIZE, TransportConfig
 from cco.transport.handshake import LocalIdentity
 from cco.transport.link import LinkProtocol, PeerLink
-from cco.transport.udp import open_udp
+from cco.transport.udp import SegmentedDatagramProtocol, open_udp
 from cco.wire.errors import CcoError, ErrorCode
 
 logger = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ _CLOSE_GRACE = 3.0
 """Seconds :meth:`Server.close` waits for connections to finish their closing period."""
 
 
-class Server(asyncio.DatagramProtocol):
+class Server(SegmentedDatagramProtocol):
     """Accepts CCO connections on one UDP socket; create it with :func:`serve`."""
 
     def __init__(
@@ -130,6 +130,21 @@ class Server(asyncio.DatagramProtocol):
                 return
             protocol = self._accept(header.destination_cid)
         protocol.datagram_received(data, addr)
+
+    def segments_received(self, data: bytes, segment_size: int, addr: tuple[str | object, ...]) -> None:
+        """A run of datagrams from one address: whole to its link when every one of
+        them has a short header naming the same known connection ID (the usual run
+        of a busy link), otherwise one by one."""
+        length = self._factory.connection_id_length
+        cid = data[1 : 1 + length]
+        known = self._routes.get(cid) if not data[0] & 0x80 else None
+        if known is not None and all(
+            not data[start] & 0x80 and data[start + 1 : start + 1 + length] == cid
+            for start in range(segment_size, len(data), segment_size)
+        ):
+            known.segments_received(data, segment_size, addr)
+            return
+        super().segments_received(data, segment_size, addr)
 
     def _accept(self, original_cid: bytes) -> LinkProtocol:
         quic = self._factory.server(original_cid)

@@ -61,7 +61,7 @@ from aioquic.tls import AlertDescription
 from cco.transport.backend import QuicLink
 from cco.transport.config import TransportConfig
 from cco.transport.handshake import LocalIdentity, Session, accept_hello_ack, build_hello, negotiate
-from cco.transport.udp import BatchedUdpTransport
+from cco.transport.udp import BatchedUdpTransport, SegmentedDatagramProtocol
 from cco.wire.errors import CcoError, DecodeError, ErrorCode
 from cco.wire.framing import FrameDecoder, encode_frame
 from cco.wire.messages import (
@@ -140,7 +140,7 @@ class _InboundStream:
         self.group_id: bytes | None = None
 
 
-class LinkProtocol(QuicConnectionProtocol):
+class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
     """Drives one CCO connection from the TLS handshake to its close.
 
     ``opened`` resolves to the :class:`PeerLink` once Hello/HelloAck succeeded, or
@@ -349,6 +349,13 @@ class LinkProtocol(QuicConnectionProtocol):
         # (cco.transport.udp), so a burst of datagrams costs one transmit.
         assert isinstance(data, bytes)
         self._quic.receive_datagram(data, addr, now=self._loop.time())
+        self._after_receiving()
+
+    def segments_received(self, data: bytes, segment_size: int, addr: tuple[object, ...]) -> None:
+        self._cco.receive_segments(data, segment_size, addr, now=self._loop.time())
+        self._after_receiving()
+
+    def _after_receiving(self) -> None:
         self._process_events()
         self._schedule_transmit()
         termination = self._cco.termination

@@ -9,6 +9,12 @@ ready, up to ``batch``, in one callback; a protocol that defers its transmit to
 the next loop turn (``call_soon``, as :class:`~cco.transport.link.LinkProtocol`
 does) then transmits once per batch, whatever the number of datagrams in it.
 
+Where Linux offers UDP generic receive offload (``UDP_GRO``), the kernel hands over a
+sender's consecutive datagrams of one size as one buffer with their size beside it,
+up to 64 KiB per read; a :class:`SegmentedDatagramProtocol` takes such a buffer
+whole (a QUIC stack can decrypt it in one call), any other protocol gets the
+datagrams one by one as before.
+
 Sending is the kernel's at once; only when the socket buffer is full are datagrams
 queued (up to ``max_queued``, then dropped like any UDP datagram the network loses:
 QUIC retransmits) and sent when the socket is writable again.
@@ -25,7 +31,7 @@ import asyncio
 import collections
 import socket
 import sys
-from typing import Any
+from typing import Any, cast
 
 MAX_UDP_PAYLOAD = 65535
 
@@ -35,9 +41,29 @@ UDP_MAX_SEGMENTS = 64
 GSO_MAX_BYTES = 65000
 """A GSO send is one IP packet before segmentation: payload under 64 KiB."""
 
+UDP_GRO = 104
+"""Linux socket option (``<linux/udp.h>``): receive coalesced datagrams, and their
+size in a control message of the same name."""
+_GRO_CMSG_SPACE = socket.CMSG_SPACE(4)  # the kernel writes the size as a C int
+
 DEFAULT_BATCH = 64
 """Datagrams read per readiness callback: enough to amortize a transmit, few enough
 that one busy socket cannot starve the rest of the event loop for long."""
+
+
+class SegmentedDatagramProtocol(asyncio.DatagramProtocol):
+    """A datagram protocol that can take a kernel-coalesced run of datagrams whole."""
+
+    def segments_received(self, data: bytes, segment_size: int, addr: Any) -> None:
+        """Datagrams from ``addr`` of ``segment_size`` bytes each (the last may be
+        shorter), back to back in ``data``.  By default, one ``datagram_received`` each."""
+        for start in range(0, len(data), segment_size):
+            self.datagram_received(data[start : start + segment_size], addr)
+
+
+def split_segments(data: bytes, segment_size: int) -> list[bytes]:
+    """The datagrams of a coalesced run."""
+    return [data[start : start + segment_size] for start in range(0, len(data), segment_size)]
 
 
 class BatchedUdpTransport(asyncio.DatagramTransport):
@@ -61,6 +87,7 @@ class BatchedUdpTransport(asyncio.DatagramTransport):
         self._queue: collections.deque[tuple[bytes, Any]] = collections.deque()
         self._closing = False
         self._gso = sock.family in (socket.AF_INET, socket.AF_INET6) and hasattr(socket, "SOL_UDP")
+        self._gro = self._gso and isinstance(protocol, SegmentedDatagramProtocol) and _enable_gro(sock)
         self._extra = {"socket": sock, "sockname": sock.getsockname()}
         sock.setblocking(False)
         protocol.connection_made(self)
@@ -97,6 +124,9 @@ class BatchedUdpTransport(asyncio.DatagramTransport):
     # --- receiving -------------------------------------------------------------
 
     def _read_ready(self) -> None:
+        if self._gro:
+            self._read_coalesced()
+            return
         recvfrom = self._sock.recvfrom
         for _ in range(self._batch):
             if self._closing:
@@ -109,6 +139,30 @@ class BatchedUdpTransport(asyncio.DatagramTransport):
                 self._protocol.error_received(exc)
                 return
             self._protocol.datagram_received(data, addr)
+
+    def _read_coalesced(self) -> None:
+        """As many reads as it takes for ``batch`` datagrams, each read a run of them."""
+        protocol = cast(SegmentedDatagramProtocol, self._protocol)
+        recvmsg = self._sock.recvmsg
+        budget = self._batch
+        while budget > 0 and not self._closing:
+            try:
+                data, ancdata, flags, addr = recvmsg(MAX_UDP_PAYLOAD, _GRO_CMSG_SPACE)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                protocol.error_received(exc)
+                return
+            if flags & socket.MSG_TRUNC:
+                budget -= 1
+                continue  # longer than any run the kernel builds: lost, as UDP may be
+            segment_size = _segment_size(ancdata)
+            if 0 < segment_size < len(data):
+                budget -= -(-len(data) // segment_size)
+                protocol.segments_received(data, segment_size, addr)
+            else:
+                budget -= 1
+                protocol.datagram_received(data, addr)
 
     # --- sending ---------------------------------------------------------------
 
@@ -169,6 +223,22 @@ class BatchedUdpTransport(asyncio.DatagramTransport):
                 self._protocol.error_received(exc)
             self._queue.popleft()
         self._loop.remove_writer(self._sock.fileno())
+
+
+def _enable_gro(sock: socket.socket) -> bool:
+    try:
+        sock.setsockopt(socket.SOL_UDP, UDP_GRO, 1)
+    except OSError:
+        return False  # an older kernel: datagrams one by one
+    return True
+
+
+def _segment_size(ancdata: list[tuple[int, int, bytes]]) -> int:
+    """The datagram size of a coalesced read (0 if the read is one datagram)."""
+    for level, kind, value in ancdata:
+        if level == socket.SOL_UDP and kind == UDP_GRO and len(value) >= 4:
+            return int.from_bytes(value[:4], sys.byteorder)
+    return 0
 
 
 async def open_udp(
