@@ -81,7 +81,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("capacity", "groups this aggregator serves at once", 16, int, (A,)),
     Option("max_fan_in", "children one aggregator accepts per group", 8, int, (A,)),
     Option("chunk_elements", "elements per chunk for new groups", 32768, int, (R,)),
-    Option("window", "chunks in flight per operation for new groups", 4, int, (R,)),
+    Option("window", "chunks in flight per operation for new groups", 3, int, (R,)),
     Option("heartbeat_ms", "heartbeat interval in milliseconds", 1000, int, (R,)),
     Option(
         "operation_timeout_ms",

@@ -141,12 +141,13 @@ LOSS_INTERVALS = 3
 """A peer from which nothing arrived for this many heartbeat intervals is lost."""
 
 DEFAULT_PARAMS = GroupParams(
-    chunk_elements=32768, window=4, heartbeat_interval_ms=1000, operation_timeout_ms=30_000
+    chunk_elements=32768, window=3, heartbeat_interval_ms=1000, operation_timeout_ms=30_000
 )
-"""Chunks of 32768 elements, 4 in flight per rank: 512 KiB of float32, about what a
-switch port or a 100 ms queue at 40 Mbit/s holds, so the window itself does not
-overflow the queue it crosses; on the namespace testbed it beat 65536 x 8 (2 MiB)
-on every link tried, with no drops (BENCHMARKS.md, "Chunk size and window").
+"""Chunks of 32768 elements, 3 in flight per rank: 384 KiB of float32, less than what
+a switch port or a 100 ms queue at 20 Mbit/s holds, so the window itself does not
+overflow the queue it crosses.  On the namespace testbed it beat 65536 x 8 (2 MiB)
+on every link tried, and 32768 x 4 at N = 8 on 20 Mbit/s links (no drops down
+instead of hundreds), equal elsewhere (BENCHMARKS.md, "Chunk size and window").
 
 Operation timeout 30 s: it bounds a slot at an aggregator and, at an endpoint, the
 time without progress of an operation (a watchdog that every completed chunk moves
