@@ -57,8 +57,8 @@ class SegmentedDatagramProtocol(asyncio.DatagramProtocol):
     def segments_received(self, data: bytes, segment_size: int, addr: Any) -> None:
         """Datagrams from ``addr`` of ``segment_size`` bytes each (the last may be
         shorter), back to back in ``data``.  By default, one ``datagram_received`` each."""
-        for start in range(0, len(data), segment_size):
-            self.datagram_received(data[start : start + segment_size], addr)
+        for datagram in split_segments(data, segment_size):
+            self.datagram_received(datagram, addr)
 
 
 def split_segments(data: bytes, segment_size: int) -> list[bytes]:
