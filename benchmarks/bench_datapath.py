@@ -32,10 +32,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from quicapi import BACKENDS, QuicApi, quic_api, stack_version
+from quicapi import QuicApi, quic_api, stack_version
 
 from cco.transport import LocalIdentity, PeerLink, TransportConfig, connect, create_dev_pki, serve
 from cco.transport.certs import CA_CERT_FILE, node_paths
+from cco.transport.config import QUIC_BACKENDS
 from cco.wire.messages import Capabilities, Contribution
 from cco.wire.registries import Collective, DType, ReduceOp, Role
 
@@ -269,7 +270,7 @@ def main() -> None:
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     parser.add_argument(
         "--quic-backend",
-        choices=BACKENDS,
+        choices=QUIC_BACKENDS,
         default="qh3",
         help="QUIC stack of both modes, both ends (default qh3, the nodes' own)",
     )

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import netns
 
+from cco.transport.config import QUIC_BACKENDS
+
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_window.json"
 MiB = 1 << 20
 
@@ -44,7 +46,7 @@ def main() -> int:
     parser.add_argument("--mib", type=int, default=16, help="MiB of float32 per rank")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--quic-backend", choices=("aioquic", "qh3"), default=None)
+    parser.add_argument("--quic-backend", choices=QUIC_BACKENDS, default=None)
     parser.add_argument("--settings", type=parse_setting, nargs="+", default=[(65536, 8), (32768, 4)])
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from importlib import metadata
 from typing import Any, NamedTuple
 
-BACKENDS = ("aioquic", "qh3")
+from cco.transport.config import QUIC_BACKENDS
 
 
 class QuicApi(NamedTuple):
@@ -23,8 +23,6 @@ class QuicApi(NamedTuple):
     Protocol: Any
     QuicConfiguration: Any
     StreamDataReceived: Any
-    events: Any
-    """The stack's ``quic.events`` module (its events are its own classes)."""
 
 
 def quic_api(backend: str) -> QuicApi:
@@ -42,14 +40,13 @@ def quic_api(backend: str) -> QuicApi:
         from aioquic.quic import events  # type: ignore[no-redef]
         from aioquic.quic.configuration import QuicConfiguration  # type: ignore[assignment]
     else:
-        raise ValueError(f"unknown QUIC backend {backend!r}, not one of {', '.join(BACKENDS)}")
+        raise ValueError(f"unknown QUIC backend {backend!r}, not one of {', '.join(QUIC_BACKENDS)}")
     return QuicApi(
         connect=connect,
         serve=serve,
         Protocol=QuicConnectionProtocol,
         QuicConfiguration=QuicConfiguration,
         StreamDataReceived=events.StreamDataReceived,
-        events=events,
     )
 
 

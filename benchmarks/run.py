@@ -50,6 +50,8 @@ from typing import Any
 import netns
 from quicapi import quic_api
 
+from cco.transport.config import QUIC_BACKENDS
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 MiB = 1 << 20
@@ -305,7 +307,7 @@ def quic_sink(argv: list[str]) -> int:
     parser.add_argument("--pki", type=Path, required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--datagram", type=int, required=True)
-    parser.add_argument("--backend", choices=("aioquic", "qh3"), default="aioquic")
+    parser.add_argument("--backend", choices=QUIC_BACKENDS, default="aioquic")
     args = parser.parse_args(argv)
     quic = quic_api(args.backend)
 
@@ -821,7 +823,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--quic-backend",
-        choices=("aioquic", "qh3"),
+        choices=QUIC_BACKENDS,
         default="qh3",
         help="every CCO node's QUIC implementation, and the bare stream's (default qh3, the nodes' own)",
     )

@@ -56,7 +56,6 @@ from qh3.quic.tls_bridge import QuicTlsBridge
 from cco.transport.certs import Credentials, NodeIdentity
 from cco.transport.peercheck import verified_identity
 from cco.transport.qh3tls import AioquicTls
-from cco.transport.udp import split_segments
 
 _ENDING_STATES = frozenset({"closing", "draining", "terminated"})
 """Native core states in which held events are released (the connection is ending)."""
@@ -254,13 +253,9 @@ class Qh3Connection:
             self._native.receive_datagram(data, addr, now)
 
     def receive_segments(self, data: bytes, segment_size: int, addr: NetworkAddress, now: float) -> None:
-        """A kernel-coalesced run of datagrams: to qh3's core in one call once the
-        handshake is done (it splits the run itself), datagram by datagram before."""
-        if self._native._handshake_complete:
-            self._native.receive_gro_buffer(data, segment_size, addr, now)
-        else:
-            for datagram in split_segments(data, segment_size):
-                self._native.receive_datagram(datagram, addr, now)
+        """A kernel-coalesced run of datagrams: to qh3's core in one call (qh3 itself
+        takes a run datagram by datagram until the handshake is done)."""
+        self._native.receive_gro_buffer(data, segment_size, addr, now)
 
     def datagrams_to_send(self, now: float) -> list[tuple[bytes, NetworkAddress]]:
         if self._waiting:
