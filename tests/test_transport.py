@@ -777,18 +777,60 @@ class _RecordingTransport:
         return getattr(self.inner, name)
 
 
+def _record(link: PeerLink) -> _RecordingTransport:
+    recorder = _RecordingTransport(protocol(link)._transport)  # type: ignore[arg-type]
+    protocol(link)._transport = recorder  # type: ignore[assignment]
+    return recorder
+
+
 @pytest.mark.parametrize("size", [1452, 9000, 16000])
-def test_max_datagram_size_is_honoured(pki: Path, size: int) -> None:
+def test_max_datagram_size_is_honoured_both_ways(pki: Path, quic_backend: str, size: int) -> None:
+    """Each side sends datagrams up to the configured size (qh3's own client would
+    tell a server it takes no more than 1472 bytes: the way down stayed at 1443)."""
+
     async def test() -> None:
         async with server(pki, max_datagram_size=size) as (srv, accepted):
             link = await dial(srv, pki, max_datagram_size=size)
             peer = await accepted.get()
-            recorder = _RecordingTransport(protocol(link)._transport)  # type: ignore[arg-type]
-            protocol(link)._transport = recorder  # type: ignore[assignment]
+            up, down = _record(link), _record(peer)
             message = chunk(GROUP_A, 0, elements=1 << 18, chunks=1)  # 1 MiB
             link.send(message)
             assert await peer.receive() == message
-            assert size - 64 <= max(recorder.sizes) <= size
+            peer.send(message)
+            assert await link.receive() == message
+            assert size - 64 <= max(up.sizes) <= size
+            assert size - 64 <= max(down.sizes) <= size
+
+    run(test)
+
+
+@pytest.mark.parametrize(("client_backend", "server_backend"), [("qh3", "aioquic"), ("aioquic", "qh3")])
+def test_full_size_datagrams_between_backends(pki: Path, client_backend: str, server_backend: str) -> None:
+    async def test() -> None:
+        async with server(pki, max_datagram_size=9000, quic_backend=server_backend) as (srv, accepted):
+            link = await dial(srv, pki, max_datagram_size=9000, quic_backend=client_backend)
+            peer = await accepted.get()
+            down = _record(peer)
+            message = chunk(GROUP_A, 0, elements=1 << 18, chunks=1)
+            peer.send(message)
+            assert await link.receive() == message
+            assert 9000 - 64 <= max(down.sizes) <= 9000
+
+    run(test)
+
+
+def test_a_qh3_server_keeps_to_the_datagram_size_its_client_takes(pki: Path) -> None:
+    """A qh3 client advertises its own configured size; a qh3 server sends no larger."""
+
+    async def test() -> None:
+        async with server(pki, max_datagram_size=16000, quic_backend="qh3") as (srv, accepted):
+            link = await dial(srv, pki, max_datagram_size=4000, quic_backend="qh3")
+            peer = await accepted.get()
+            down = _record(peer)
+            message = chunk(GROUP_A, 0, elements=1 << 18, chunks=1)
+            peer.send(message)
+            assert await link.receive() == message
+            assert 4000 - 64 <= max(down.sizes) <= 4000
 
     run(test)
 

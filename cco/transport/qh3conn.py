@@ -24,7 +24,13 @@ CcoQuicConnection` (see :class:`~cco.transport.backend.QuicLink`), built on:
 4. **Send progress.**  qh3 reports the stream bytes not yet sent once
    (``get_send_buffer_size``) and the bytes in flight; ``stream_bytes_sent`` is our
    own count of bytes queued minus the unsent ones.
-5. **Streams beyond the peer's limit wait.**  qh3 raises ``ValueError`` when data is
+5. **The datagram size we take.**  qh3's client advertises ``max_udp_payload_size``
+   1472 whatever its configuration, and a qh3 server keeps to what its peer
+   advertises, so every Result left an aggregator in 1443-byte datagrams while the
+   endpoints sent at the configured size (16000 on loopback, 8952 on jumbo
+   frames).  :class:`_Bridge` advertises the configured ``max_datagram_size`` on
+   both sides instead: what the node was set up to receive.
+6. **Streams beyond the peer's limit wait.**  qh3 raises ``ValueError`` when data is
    written to a stream the peer does not allow yet (MAX_STREAMS); aioquic queues
    it.  Such writes wait here, in order, until the peer's limit covers the stream,
    as they would with aioquic (link.py relies on it: one stream per group).
@@ -37,7 +43,8 @@ unidirectional streams, more as streams end; aioquic allows 128 of each).
 Relies on qh3 internals (checked with 2.1.0, exercised by the transport tests run
 with this backend): ``QuicConnection._create_tls``, ``_drain_core``, ``_core``,
 ``_handshake_complete``, ``_close_event``, ``_record_local_stream``,
-``_log_packets``, ``_quic_logger`` and ``QuicTlsBridge.tls``.
+``_log_packets``, ``_quic_logger``, ``QuicTlsBridge.tls``, and the arguments
+qh3's ``_create_tls`` gives the bridge.
 """
 
 from __future__ import annotations
@@ -48,9 +55,11 @@ from dataclasses import fields
 from aioquic import tls as aio_tls
 from aioquic.quic import events as aio_events
 from cryptography import x509
+from qh3._hazmat import Buffer
 from qh3.quic import events as qh3_events
 from qh3.quic.configuration import QuicConfiguration
 from qh3.quic.connection import NetworkAddress, QuicConnection
+from qh3.quic.packet import pull_quic_transport_parameters, push_quic_transport_parameters
 from qh3.quic.tls_bridge import QuicTlsBridge
 
 from cco.transport.certs import Credentials, NodeIdentity
@@ -88,6 +97,23 @@ def as_aioquic_event(event: qh3_events.QuicEvent) -> aio_events.QuicEvent:
     return cls(*(getattr(event, name) for name in names))
 
 
+class _Bridge(QuicTlsBridge):
+    """qh3's TLS bridge, advertising the datagram size the node is configured for.
+
+    qh3 writes ``max_udp_payload_size`` 1472 into a client's transport parameters
+    (and none into a server's); here both carry ``configuration.max_datagram_size``.
+    qlog's local ``parameters_set`` event still shows qh3's own value: qh3 logs the
+    parameters before they are returned here.
+    """
+
+    def serialize_transport_parameters(self) -> bytes:
+        parameters = pull_quic_transport_parameters(Buffer(data=super().serialize_transport_parameters()))
+        parameters.max_udp_payload_size = self.configuration.max_datagram_size
+        buffer = Buffer(capacity=3 * self.configuration.max_datagram_size)
+        push_quic_transport_parameters(buffer, parameters)
+        return buffer.data
+
+
 class _Native(QuicConnection):
     """qh3's connection with aioquic's TLS, and events held back on request."""
 
@@ -110,7 +136,20 @@ class _Native(QuicConnection):
         self.hold_events = False
 
     def _create_tls(self, remote_source_cid: bytes | None) -> QuicTlsBridge:
-        bridge = super()._create_tls(remote_source_cid)
+        assert self._version is not None  # known once a handshake starts, on either side
+        bridge = _Bridge(  # what qh3's own _create_tls passes
+            self._configuration,
+            version=self._version,
+            local_initial_source_connection_id=self.host_cid,
+            remote_initial_source_connection_id=remote_source_cid,
+            original_destination_connection_id=self._original_destination_connection_id,
+            retry_source_connection_id=self._retry_source_connection_id,
+            session_ticket_fetcher=self._session_ticket_fetcher,
+            session_ticket_handler=self._session_ticket_handler,
+            quic_logger=self._quic_logger,
+            version_change_handler=self._set_version,
+        )
+        self._tls = bridge
         is_client = self.configuration.is_client
         context = aio_tls.Context(
             is_client=is_client,
