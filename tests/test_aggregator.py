@@ -388,6 +388,16 @@ def test_different_chunk_in_place_of_one_taken_is_a_duplicate_contribution() -> 
     assert errors(rig.send("ep1", chunk(1, values=[0, 0, 0, 0])), "ep1") == [ErrorCode.DUPLICATE_CONTRIBUTION]
 
 
+def test_a_changed_payload_under_the_same_tag_is_not_taken_for_a_copy() -> None:
+    """The fingerprint covers the payload itself, not only the tag that seals it."""
+    rig = root_rig()
+    first = chunk(0, values=[1, 1, 1, 1])
+    rig.send("ep0", first)
+    changed = dataclasses.replace(first, payload=bytes([1, 1, 1, 2]))
+    assert errors(rig.send("ep0", changed), "ep0") == [ErrorCode.DUPLICATE_CONTRIBUTION]
+    assert rig.send("ep0", first) == []  # the copy of what was taken is still a copy
+
+
 def test_children_may_speak_only_for_their_own_ranks() -> None:
     rig = root_rig()
     rig.connect("stranger")
