@@ -65,7 +65,6 @@ def measure(n: int, world: int, seconds: float, repeat: int) -> dict[str, float]
         kind=Collective.ALL_REDUCE,
         op=ReduceOp.SUM,
         dtype=DType.INT32,
-        scale=0,
         total_elements=n,
         chunk_elements=n,
         chunk_index=0,

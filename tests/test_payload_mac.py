@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from cco.wire import mac
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.messages import Contribution, PartialAggregate, decode_message, encode_message
-from cco.wire.modp import BLOCK, SUB_BLOCK, P
+from cco.wire.modp import BLOCK, InnerProduct, P
 from cco.wire.payload import RANGE_BOUND, ChunkHeader, derive_group_keys, seal
 from cco.wire.registries import Collective, DType, ReduceOp
 
@@ -148,8 +148,8 @@ def test_inner_product_is_exact_at_every_width(width: int, data: st.DataObject) 
     assert mac.inner_product(KEYS, chunk_id, array) == reference_inner(chunk_id, values)
 
 
-@pytest.mark.parametrize("n", [SUB_BLOCK - 1, SUB_BLOCK, SUB_BLOCK + 1, BLOCK + SUB_BLOCK + 3])
-@pytest.mark.parametrize("width", [4, 8])
+@pytest.mark.parametrize("n", [BLOCK - 1, BLOCK, BLOCK + 1, 2 * BLOCK + 3])
+@pytest.mark.parametrize("width", [1, 2, 4, 8])
 def test_inner_product_is_exact_across_blocks_at_the_extremes(n: int, width: int) -> None:
     lo, hi = WIDTH_RANGES[width]
     rng = np.random.default_rng(n + width)
@@ -161,6 +161,20 @@ def test_inner_product_is_exact_across_blocks_at_the_extremes(n: int, width: int
         mac.inner_product(KEYS, chunk_id, array)
         == sum(a * int(b) for a, b in zip(u, values, strict=True)) % P
     )
+
+
+@pytest.mark.parametrize("width", [1, 2, 4, 8])
+@pytest.mark.parametrize("extreme", ["lo", "hi"])
+def test_a_full_block_at_the_largest_coefficients_does_not_overflow(width: int, extreme: str) -> None:
+    """Every limb sum at (one below) its bound: each word all ones but its last bit
+    (so u = 2^61 - 2 once the top three bits are dropped), every integer at the end
+    of its range."""
+    value = WIDTH_RANGES[width][0 if extreme == "lo" else 1]
+    words = np.full(BLOCK, np.uint64(2**64 - 2))
+    values = np.full(BLOCK, value, dtype=f"<i{width}")
+    product = InnerProduct(width)
+    product.add(words, values)
+    assert product.result() == ((2**61 - 2) * value * BLOCK) % P != 0
 
 
 def test_a_contribution_tag_is_inner_product_plus_pad() -> None:
