@@ -835,6 +835,37 @@ def test_a_qh3_server_keeps_to_the_datagram_size_its_client_takes(pki: Path) -> 
     run(test)
 
 
+def test_a_message_sent_to_several_peers_in_a_row_is_encoded_once(
+    pki: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As an aggregator sends one Result to every child; each peer still gets it whole."""
+    from cco.transport import link as link_module
+
+    encodings: list[Message] = []
+
+    def counting(message: Message) -> bytes:
+        encodings.append(message)
+        return encode_message(message)
+
+    monkeypatch.setattr(link_module, "encode_message", counting)
+
+    async def test() -> None:
+        async with server(pki) as (srv, accepted):
+            clients = [await dial(srv, pki, node_id) for node_id in ("ep-1", "ep-2")]
+            peers = [await accepted.get() for _ in clients]
+            result = chunk(GROUP_A, 0, elements=1 << 12, chunks=1)
+            other = chunk(GROUP_A, 1, elements=1 << 12, chunks=2)
+            encodings.clear()
+            for message in (result, other):
+                for peer in peers:
+                    peer.send(message)
+            for client in clients:
+                assert [await client.receive(), await client.receive()] == [result, other]
+            assert encodings == [result, other]
+
+    run(test)
+
+
 def test_qlog_and_key_log_are_written(pki: Path, tmp_path: Path) -> None:
     async def test() -> None:
         server_qlog, client_qlog, keylog = tmp_path / "qlog-s", tmp_path / "qlog-c", tmp_path / "keys.log"

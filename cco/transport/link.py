@@ -140,6 +140,23 @@ class _InboundStream:
         self.group_id: bytes | None = None
 
 
+_last_encoded: tuple[Message, bytes] | None = None
+
+
+def _encoded(message: Message) -> bytes:
+    """``encode_message(message)``, computed once when the same message goes to several
+    peers in a row, as an aggregator's Result goes to every child.  Messages are
+    immutable, and the cache is one (message, encoding) pair compared by identity,
+    so a stale pair can never be taken for another message."""
+    global _last_encoded
+    last = _last_encoded
+    if last is not None and last[0] is message:
+        return last[1]
+    encoded = encode_message(message)
+    _last_encoded = (message, encoded)
+    return encoded
+
+
 class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
     """Drives one CCO connection from the TLS handshake to its close.
 
@@ -226,7 +243,7 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
     def send_message(self, message: Message) -> None:
         if self._close_reason is not None:
             raise LinkClosed(*self._close_reason)
-        frame = encode_frame(encode_message(message), self._send_limit)
+        frame = encode_frame(_encoded(message), self._send_limit)
         if isinstance(message, DATA_MESSAGES):
             stream_id = self._outbound.get(message.group_id)
             if stream_id is None:
