@@ -177,6 +177,13 @@ def test_a_full_block_at_the_largest_coefficients_does_not_overflow(width: int, 
     assert product.result() == ((2**61 - 2) * value * BLOCK) % P != 0
 
 
+@pytest.mark.parametrize("width", [1, 2, 4, 8])
+def test_the_inner_product_of_a_strided_array_is_that_of_its_copy(width: int) -> None:
+    values = np.arange(-50, 50, dtype=f"<i{width}")[::3]
+    assert not values.flags.c_contiguous
+    assert mac.inner_product(KEYS, b"strided", values) == reference_inner(b"strided", values.tolist())
+
+
 def test_a_contribution_tag_is_inner_product_plus_pad() -> None:
     make = header()
     values = np.array([3, -1, 0, 2**20, -(2**31), 1], dtype=np.int64)  # five elements, one attestation

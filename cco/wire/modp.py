@@ -73,6 +73,7 @@ class InnerProduct:
             return
         if m > BLOCK or len(words) != m:
             raise ValueError("a block must hold at most BLOCK elements and one word per element")
+        values = np.ascontiguousarray(values)  # the limb views below need one run of memory
         scratch = _scratch
         u_low, u_high = scratch.u_low[:m], scratch.u_high[:m]
         np.bitwise_and(words, _LOW_MASK, out=u_low)
