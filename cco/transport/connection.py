@@ -36,6 +36,9 @@ What aioquic 1.7 does not offer through its public API, and how we get it:
    most :data:`ACK_DELAY`, within the ``max_ack_delay`` of 25 ms that aioquic
    advertises, so the peer's RTT estimate (which subtracts the delay we report)
    and its probe timeout allow for it.
+7. **The datagram size we take.**  aioquic leaves ``max_udp_payload_size`` out of
+   its transport parameters, which tells the peer 65527 bytes; a qh3 peer keeps to
+   what it is told.  Here it says ``max_datagram_size``, as the qh3 backend does.
 
 Our server passes aioquic no session-ticket handler, so it issues no tickets: a
 resumed session would skip the client certificate.  Every connection is a full
@@ -45,7 +48,8 @@ These rely on aioquic internals (checked with 1.7.2, and exercised by the
 transport tests): ``QuicConnection._initialize``,
 ``_get_or_create_stream_for_send``, ``QuicStreamSender._buffer``, ``_local_max_data``,
 ``_remote_max_data_used``, ``_loss.bytes_in_flight``, ``_close_event``,
-``_ack_delay``, ``_spaces``, ``_payload_received``, ``_write_ack_frame`` and the TLS
+``_ack_delay``, ``_spaces``, ``_payload_received``, ``_write_ack_frame``,
+``_serialize_transport_parameters``, ``_max_datagram_size`` and the TLS
 context's ``_request_client_certificate`` and ``_peer_certificate(_chain)``.
 
 A refused handshake is closed with CRYPTO_ERROR plus the TLS alert (RFC 9001,
@@ -59,10 +63,16 @@ from __future__ import annotations
 from typing import Any
 
 from aioquic import tls
+from aioquic.buffer import Buffer  # type: ignore[attr-defined]  # re-exported from _buffer
 from aioquic.quic import events
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import Limit, NetworkAddress, QuicConnection, QuicReceiveContext
-from aioquic.quic.packet import QuicErrorCode, QuicFrameType
+from aioquic.quic.packet import (
+    QuicErrorCode,
+    QuicFrameType,
+    pull_quic_transport_parameters,
+    push_quic_transport_parameters,
+)
 from aioquic.quic.packet_builder import QuicPacketBuilder
 from aioquic.quic.recovery import QuicPacketSpace
 from aioquic.quic.stream import QuicStream
@@ -190,6 +200,13 @@ class CcoQuicConnection(QuicConnection):
         if not isinstance(sender._buffer, SendBuffer):
             sender._buffer = SendBuffer(sender._buffer)  # type: ignore[assignment]  # same three operations
         return stream
+
+    def _serialize_transport_parameters(self) -> bytes:
+        parameters = pull_quic_transport_parameters(Buffer(data=super()._serialize_transport_parameters()))
+        parameters.max_udp_payload_size = self._configuration.max_datagram_size
+        buffer = Buffer(capacity=3 * self._max_datagram_size)
+        push_quic_transport_parameters(buffer, parameters)
+        return buffer.data
 
     def _initialize(self, peer_cid: bytes) -> None:
         super()._initialize(peer_cid)
