@@ -146,15 +146,15 @@ def cco_runs(
         untagged=untagged,
         quic_backend=backend,
     )
+    skip = 1 if warmup else 0
+    first = " after a warm-up" if warmup else ""
     results: dict[int, dict[str, Any]] = {}
     with netns.CcoCluster(net.star, workdir, net.endpoints, settings) as cluster:
         cluster.start()
         for size in sizes:
             tags = ", tags off" if settings.untagged else ""
-            first = " after a warm-up" if warmup else ""
             log(f"  CCO  {net.describe()}{tags}: {human(size)} x {rounds}{first}")
             before = net.star.link_stats() if net.star is not None else []
-            skip = 1 if warmup else 0
             total = rounds + skip
             try:
                 run = cluster.run(max(1, size // 4), total, run_timeout(net, size, total))

@@ -79,19 +79,15 @@ class InnerProduct:
         np.bitwise_and(words, _LOW_MASK, out=u_low)
         np.right_shift(words, _HIGH_SHIFT, out=u_high)
         np.bitwise_and(u_high, _HIGH_MASK, out=u_high)
-        if self._width <= 2:
-            top = values.astype(np.int64)
-            total = _signed_sum(u_low, u_high, top)
-        else:
-            limbs = self._width // 2
-            y = scratch.y_limb[:m]
-            total = 0
-            for k in range(limbs - 1):
-                np.copyto(y, values.view(np.uint16).reshape(m, limbs)[:, k])
-                total += (int(np.dot(u_low, y)) + (int(np.dot(u_high, y)) << 32)) << (16 * k)
-            top = y.view(np.int64)
-            np.copyto(top, values.view(np.int16).reshape(m, limbs)[:, limbs - 1])
-            total += _signed_sum(u_low, u_high, top) << (16 * (limbs - 1))
+        limbs = self._width // 2 or 1  # 1- and 2-byte integers are one signed limb
+        y = scratch.y_limb[:m]
+        total = 0
+        for k in range(limbs - 1):  # the unsigned low limbs of wider integers
+            np.copyto(y, values.view(np.uint16).reshape(m, limbs)[:, k])
+            total += (int(np.dot(u_low, y)) + (int(np.dot(u_high, y)) << 32)) << (16 * k)
+        top = y.view(np.int64)
+        np.copyto(top, values if limbs == 1 else values.view(np.int16).reshape(m, limbs)[:, -1])
+        total += _signed_sum(u_low, u_high, top) << (16 * (limbs - 1))
         self._total = (self._total + total) % P
 
     def result(self) -> int:
