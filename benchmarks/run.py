@@ -26,7 +26,6 @@ torch==2.13.0 matplotlib``); without it, only CCO is measured.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import functools
 import json
@@ -34,21 +33,20 @@ import os
 import platform
 import shutil
 import socket
-import ssl
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from importlib import metadata
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
+import barequic
 import netns
-from quicapi import quic_api
 
 from cco.transport.config import QUIC_BACKENDS
 
@@ -64,6 +62,9 @@ DEFAULT_SIZES = [8, 64, 512, 4096, 32768, 262144, 2 * MiB, 16 * MiB, 64 * MiB]
 QUICK_RATES = (50.0, 60.0, 70.0, 80.0, 90.0, 100.0, 120.0)
 """Rates --quick tries above 40 Mbit/s, in order, for the highest that keeps 87% of
 line rate (N = 4, MTU 9000, 16 MiB; CCO alone, 10 to 20 s each)."""
+FLOOR_ROUNDS = 1000
+"""Rounds of the bare QUIC star (about 1.5 s): its first few hundred run slower while
+the processes settle."""
 TORCH_HINT = "pip install torch==2.13.0 matplotlib   (or: pip install -e '.[bench]')"
 
 
@@ -303,99 +304,6 @@ def gloo_worker(argv: list[str]) -> int:
     dist.destroy_process_group()
     args.out.write_text(json.dumps({"rank": args.rank, "seconds": seconds}))
     return 0
-
-
-# --- a bare QUIC stream: what the same stack does without CCO ----------------------------------
-
-
-def quic_sink(argv: list[str]) -> int:
-    """Receive one stream; print 'ready' and then the receive time and byte count."""
-    from cco.transport import TransportConfig
-
-    parser = argparse.ArgumentParser(prog="run.py quic-sink")
-    parser.add_argument("--pki", type=Path, required=True)
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--datagram", type=int, required=True)
-    parser.add_argument("--backend", choices=QUIC_BACKENDS, default="aioquic")
-    args = parser.parse_args(argv)
-    quic = quic_api(args.backend)
-
-    async def main() -> None:
-        done: asyncio.Future[tuple[float, int]] = asyncio.get_running_loop().create_future()
-        state = {"first": 0.0, "bytes": 0}
-
-        class Sink(quic.Protocol):  # type: ignore[misc,name-defined]
-            def quic_event_received(self, event: Any) -> None:
-                if isinstance(event, quic.StreamDataReceived):
-                    if not state["bytes"]:
-                        state["first"] = time.perf_counter()
-                    state["bytes"] += len(event.data)
-                    if event.end_stream and not done.done():
-                        done.set_result((time.perf_counter() - state["first"], int(state["bytes"])))
-
-        window = TransportConfig.for_node(args.pki, "agg-0").receive_window  # as CCO's
-        config = quic.QuicConfiguration(
-            is_client=False,
-            alpn_protocols=["bench"],
-            max_datagram_size=args.datagram,
-            max_data=window,
-            max_stream_data=window,
-        )
-        config.load_cert_chain(args.pki / "agg-0.pem", args.pki / "agg-0.key")
-        server = await quic.serve("127.0.0.1", args.port, configuration=config, create_protocol=Sink)
-        print("ready", flush=True)
-        seconds, nbytes = await asyncio.wait_for(done, 600)
-        print(json.dumps({"seconds": seconds, "bytes": nbytes}), flush=True)
-        server.close()
-
-    asyncio.run(main())
-    return 0
-
-
-def bare_quic_goodput(pki: Path, datagram: int, nbytes: int, backend: str = "aioquic") -> float:
-    """Bytes/s of one stream of ``backend``, sender here, receiver in another process.
-
-    Same stack and datagram size as CCO, and CCO's receive window; no CCO framing,
-    no aggregation.
-    """
-    quic = quic_api(backend)
-    port = netns._free_port()
-    argv = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "quic-sink",
-        "--pki",
-        str(pki),
-        "--port",
-        str(port),
-    ]
-    argv += ["--datagram", str(datagram), "--backend", backend]
-    sink = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-    try:
-        assert sink.stdout is not None
-        if sink.stdout.readline().strip() != "ready":
-            raise RuntimeError("quic-sink did not start")
-        stdout = sink.stdout
-
-        async def send() -> str:
-            config = quic.QuicConfiguration(
-                is_client=True,
-                alpn_protocols=["bench"],
-                max_datagram_size=datagram,
-                verify_mode=ssl.CERT_NONE,
-            )
-            async with quic.connect("127.0.0.1", port, configuration=config) as client:
-                stream = client._quic.get_next_available_stream_id()
-                client._quic.send_stream_data(stream, bytes(nbytes), end_stream=True)
-                client.transmit()
-                return await asyncio.get_running_loop().run_in_executor(None, stdout.readline)
-
-        report = json.loads(asyncio.run(send()))
-        return float(report["bytes"]) / float(report["seconds"])
-    finally:
-        if sink.poll() is None:
-            sink.kill()
-        sink.wait()
 
 
 # --- reporting ---------------------------------------------------------------------------------
@@ -708,17 +616,31 @@ def quick(args: argparse.Namespace) -> dict[str, Any]:
         runs.append({"network": net.describe(), "cco": big, "gloo": gloo_lo, "aggregator": usage})
         points.extend(points_of(net, {**latency, **big}, {**gloo_lat, **gloo_lo}))
         # The median of three transfers: one alone varied from 160 to 232 MB/s between runs.
-        bare = statistics.median(
-            bare_quic_goodput(tmp / "cco-loopback" / "pki", net.datagram, 64 * MiB, backend) for _ in range(3)
-        )
+        pki = tmp / "cco-loopback" / "pki"
+        streams = [
+            barequic.bare_stream(pki, net.datagram, 64 * MiB, backend, netns._free_port()) for _ in range(3)
+        ]
+        bare = sorted(streams, key=lambda run: run.goodput)[1]
+        floor = barequic.star_round_trips(pki, 4, FLOOR_ROUNDS, net.datagram, backend, netns._free_port())
+        bare_quic = {"network": net.describe(), "stream": asdict(bare), "star": floor}
     name = "CPU efficiency: aggregator ingress / bare QUIC stream"
+    bound = barequic.star_ingress_bound(bare, os.cpu_count() or 1)
     if "failed" in big[64 * MiB]:
         targets.append(Target(name, ">= 70%", "not measured: CCO run failed (see above)", None))
     else:
         ingress = 4 * 64 * MiB / big[64 * MiB]["median_seconds"]
-        figure = f"{ingress / bare:.0%} ({ingress / 1e6:.1f} vs {bare / 1e6:.1f} MB/s"
+        figure = f"{ingress / bare.goodput:.0%} ({ingress / 1e6:.1f} vs {bare.goodput / 1e6:.1f} MB/s"
         figure += f", datagram {net.datagram})"
-        targets.append(Target(name, ">= 70%", figure, ingress / bare >= 0.70))
+        targets.append(Target(name, ">= 70%", figure, ingress / bare.goodput >= 0.70))
+    targets.append(
+        Target(
+            "  floor: the same, QUIC alone at bare-stream CPU/byte",
+            "report",
+            f"{bound:.0%} on {os.cpu_count()} cores (stream CPU: sender {bare.sender_cpu:.2f} s, "
+            f"receiver {bare.receiver_cpu:.2f} s, for {bare.seconds:.2f} s)",
+            None,
+        )
+    )
     gloo_big = gloo_lo.get(64 * MiB, {})
     if "median_seconds" in big[64 * MiB] and "median_seconds" in gloo_big:
         cco_s, gloo_s = big[64 * MiB]["median_seconds"], gloo_big["median_seconds"]
@@ -749,6 +671,17 @@ def quick(args: argparse.Namespace) -> dict[str, Any]:
         targets.append(
             Target("latency p99: loopback, N=4, 8 bytes", "<= 5 ms", f"{p99 * 1e3:.2f} ms", p99 <= 5e-3)
         )
+    trips = floor["round_seconds"]
+    targets.append(
+        Target(
+            "  floor: bare QUIC star, 4 leaves, 8 B, one pass",
+            "report",
+            f"p50 {percentile(trips, 50) * 1e3:.2f} / p99 {percentile(trips, 99) * 1e3:.2f} ms; "
+            f"CPU per round: leaf {floor['leaf_cpu_per_round'] * 1e3:.2f}, "
+            f"hub {floor['hub_cpu_per_round'] * 1e3:.2f} ms",
+            None,
+        )
+    )
     rss = usage.get("peak_rss_bytes")
     name = "memory: aggregator peak RSS, loopback 64 MiB all-reduce"
     if "failed" in big[64 * MiB] or not rss:
@@ -789,6 +722,7 @@ def quick(args: argparse.Namespace) -> dict[str, Any]:
         "targets": [vars(t) for t in targets],
         "runs": runs,
         "points": points,
+        "bare_quic": bare_quic,
         "elapsed_seconds": elapsed,
         "latency_rounds": args.latency_rounds,
     }
@@ -807,8 +741,6 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["gloo-worker"]:
         return gloo_worker(argv[1:])
-    if argv[:1] == ["quic-sink"]:
-        return quic_sink(argv[1:])
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -1,0 +1,319 @@
+"""What the QUIC stack alone does on this machine: the floors under two of issue 8's figures.
+
+CCO's CPU-bound figures (loopback CPU efficiency and latency) compare a star of five
+Python processes with a yardstick.  This module measures the same stack with no CCO at
+all, so a figure's distance from its target splits into what QUIC itself costs here
+and what CCO adds:
+
+* :func:`bare_stream` -- one stream, sender here, receiver in another process, same
+  datagram size and receive window as CCO's.  Its goodput is the CPU-efficiency
+  yardstick; the CPU both sides spent gives :func:`star_ingress_bound`, the best
+  share of that yardstick any star on this many cores can reach, CCO or not.
+* :func:`star_round_trips` -- N leaf processes and one hub: each round every leaf
+  sends 8 bytes and the hub answers all of them once it has N.  That is the least an
+  aggregation tree of depth one does per pass, so its p50 is the latency floor of one
+  pass (a float sum takes two: block scales, then data).
+
+Both run as subprocesses of this file (``python barequic.py sink|hub|leaf ...``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import ssl
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from quicapi import quic_api
+
+from cco.transport import TransportConfig
+from cco.transport.config import QUIC_BACKENDS
+
+MESSAGE = 8
+"""Bytes each leaf sends per round, and the hub answers: the latency case's payload."""
+DEADLINE = 600.0
+"""Seconds any one measurement may take before it is abandoned."""
+
+
+def _cpu_seconds() -> float:
+    """This process's CPU time, user and system, every thread."""
+    return time.process_time()
+
+
+def _window(pki: Path) -> int:
+    window: int = TransportConfig.for_node(pki, "agg-0").receive_window  # as CCO's
+    return window
+
+
+def _server_config(quic: Any, pki: Path, datagram: int) -> Any:
+    window = _window(pki)
+    config = quic.QuicConfiguration(
+        is_client=False,
+        alpn_protocols=["bench"],
+        max_datagram_size=datagram,
+        max_data=window,
+        max_stream_data=window,
+    )
+    config.load_cert_chain(pki / "agg-0.pem", pki / "agg-0.key")
+    return config
+
+
+def _client_config(quic: Any, datagram: int) -> Any:
+    return quic.QuicConfiguration(
+        is_client=True, alpn_protocols=["bench"], max_datagram_size=datagram, verify_mode=ssl.CERT_NONE
+    )
+
+
+def _spawn(role: str, *args: str) -> subprocess.Popen[str]:
+    argv = [sys.executable, str(Path(__file__).resolve()), role, *args]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+
+
+def _expect_ready(process: subprocess.Popen[str], role: str) -> None:
+    assert process.stdout is not None
+    if process.stdout.readline().strip() != "ready":
+        raise RuntimeError(f"bare QUIC {role} did not start")
+
+
+def _stop(process: subprocess.Popen[str]) -> None:
+    if process.poll() is None:
+        process.kill()
+    process.wait()
+
+
+# --- one stream -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRun:
+    """One bare stream transfer: goodput and the CPU each side spent on it."""
+
+    nbytes: int
+    seconds: float
+    sender_cpu: float
+    receiver_cpu: float
+
+    @property
+    def goodput(self) -> float:
+        return self.nbytes / self.seconds
+
+
+def _sink(argv: list[str]) -> int:
+    """Receive one stream; print 'ready', then its bytes, seconds and CPU seconds."""
+    parser = argparse.ArgumentParser(prog="barequic.py sink")
+    parser.add_argument("--pki", type=Path, required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--datagram", type=int, required=True)
+    parser.add_argument("--backend", choices=QUIC_BACKENDS, required=True)
+    args = parser.parse_args(argv)
+    quic = quic_api(args.backend)
+
+    async def main() -> None:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        state = {"first": 0.0, "last": 0.0, "bytes": 0, "cpu": 0.0}
+
+        class Sink(quic.Protocol):  # type: ignore[misc,name-defined]
+            def quic_event_received(self, event: Any) -> None:
+                if isinstance(event, quic.StreamDataReceived):
+                    if not state["bytes"]:
+                        state["first"], state["cpu"] = time.perf_counter(), _cpu_seconds()
+                    state["bytes"] += len(event.data)
+                    if event.end_stream and not done.done():
+                        state["last"], state["cpu"] = time.perf_counter(), _cpu_seconds() - state["cpu"]
+                        done.set_result(None)
+
+        config = _server_config(quic, args.pki, args.datagram)
+        server = await quic.serve("127.0.0.1", args.port, configuration=config, create_protocol=Sink)
+        print("ready", flush=True)
+        await asyncio.wait_for(done, DEADLINE)
+        report = {"seconds": state["last"] - state["first"], "bytes": state["bytes"], "cpu": state["cpu"]}
+        print(json.dumps(report), flush=True)
+        server.close()
+
+    asyncio.run(main())
+    return 0
+
+
+def bare_stream(pki: Path, datagram: int, nbytes: int, backend: str, port: int) -> StreamRun:
+    """One stream of ``nbytes`` on ``backend``, sender here, receiver in another process.
+
+    Same stack, datagram size and receive window as CCO; no CCO framing, no
+    aggregation.  The sender's CPU is this process's over the whole transfer."""
+    quic = quic_api(backend)
+    sink = _spawn(
+        "sink", "--pki", str(pki), "--port", str(port), "--datagram", str(datagram), "--backend", backend
+    )
+    try:
+        _expect_ready(sink, "sink")
+        stdout = sink.stdout
+        assert stdout is not None
+
+        async def send() -> str:
+            async with quic.connect(
+                "127.0.0.1", port, configuration=_client_config(quic, datagram)
+            ) as client:
+                stream = client._quic.get_next_available_stream_id()
+                client._quic.send_stream_data(stream, bytes(nbytes), end_stream=True)
+                client.transmit()
+                return await asyncio.get_running_loop().run_in_executor(None, stdout.readline)
+
+        cpu = _cpu_seconds()
+        report = json.loads(asyncio.run(send()))
+        return StreamRun(
+            nbytes=int(report["bytes"]),
+            seconds=float(report["seconds"]),
+            sender_cpu=_cpu_seconds() - cpu,
+            receiver_cpu=float(report["cpu"]),
+        )
+    finally:
+        _stop(sink)
+
+
+def star_ingress_bound(run: StreamRun, cores: int) -> float:
+    """The most a star's ingress goodput can be, as a share of ``run``'s goodput, on
+    ``cores`` cores when its QUIC moves bytes as cheaply as the bare stream did.
+
+    An all-reduce over a star of N endpoints moves N x S bytes up and N x S down: 2 N S
+    bytes, each sent once and received once.  At the bare stream's CPU per byte, that
+    takes at least 2 N S (sender_cpu + receiver_cpu) / nbytes / cores seconds of wall
+    time, which bounds the ingress goodput N S / time.  Every cost CCO adds (the MAC,
+    framing, aggregation) comes on top."""
+    best_ingress = cores * run.nbytes / (2 * (run.sender_cpu + run.receiver_cpu))
+    return best_ingress / run.goodput
+
+
+# --- a star of round trips --------------------------------------------------------------------
+
+
+def _hub(argv: list[str]) -> int:
+    """Answer every leaf once all ``--leaves`` have sent this round's message."""
+    parser = argparse.ArgumentParser(prog="barequic.py hub")
+    parser.add_argument("--pki", type=Path, required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--datagram", type=int, required=True)
+    parser.add_argument("--leaves", type=int, required=True)
+    parser.add_argument("--rounds", type=int, required=True)
+    parser.add_argument("--backend", choices=QUIC_BACKENDS, required=True)
+    args = parser.parse_args(argv)
+    quic = quic_api(args.backend)
+
+    async def main() -> None:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiting: list[tuple[Any, int]] = []
+        state = {"rounds": 0, "cpu": 0.0}
+
+        class Hub(quic.Protocol):  # type: ignore[misc,name-defined]
+            def quic_event_received(self, event: Any) -> None:
+                if not isinstance(event, quic.StreamDataReceived) or not event.data:
+                    return
+                waiting.append((self, event.stream_id))
+                if len(waiting) < args.leaves:
+                    return
+                state["rounds"] += 1
+                if state["rounds"] == 1:
+                    state["cpu"] = _cpu_seconds()  # from the first complete round: no handshakes
+                for protocol, stream in waiting:
+                    protocol._quic.send_stream_data(stream, bytes(MESSAGE))
+                    protocol.transmit()
+                waiting.clear()
+                if state["rounds"] == args.rounds and not done.done():
+                    done.set_result(None)
+
+        config = _server_config(quic, args.pki, args.datagram)
+        server = await quic.serve("127.0.0.1", args.port, configuration=config, create_protocol=Hub)
+        print("ready", flush=True)
+        await asyncio.wait_for(done, DEADLINE)
+        cpu = (_cpu_seconds() - state["cpu"]) / max(1, args.rounds - 1)
+        print(json.dumps({"cpu_per_round": cpu}), flush=True)
+        await asyncio.sleep(0.2)  # let the last answers leave before closing
+        server.close()
+
+    asyncio.run(main())
+    return 0
+
+
+def _leaf(argv: list[str]) -> int:
+    """Send ``--rounds`` messages one after another, each when the last was answered."""
+    parser = argparse.ArgumentParser(prog="barequic.py leaf")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--datagram", type=int, required=True)
+    parser.add_argument("--rounds", type=int, required=True)
+    parser.add_argument("--backend", choices=QUIC_BACKENDS, required=True)
+    args = parser.parse_args(argv)
+    quic = quic_api(args.backend)
+
+    async def main() -> None:
+        answers: asyncio.Queue[bytes] = asyncio.Queue()
+
+        class Leaf(quic.Protocol):  # type: ignore[misc,name-defined]
+            def quic_event_received(self, event: Any) -> None:
+                if isinstance(event, quic.StreamDataReceived) and event.data:
+                    answers.put_nowait(event.data)
+
+        config = _client_config(quic, args.datagram)
+        async with quic.connect("127.0.0.1", args.port, configuration=config, create_protocol=Leaf) as client:
+            stream = client._quic.get_next_available_stream_id()
+
+            async def rounds() -> tuple[list[float], float]:
+                seconds = []
+                cpu = 0.0
+                for index in range(args.rounds):
+                    if index == 1:
+                        cpu = _cpu_seconds()
+                    start = time.perf_counter()
+                    client._quic.send_stream_data(stream, bytes(MESSAGE))
+                    client.transmit()
+                    await answers.get()
+                    seconds.append(time.perf_counter() - start)
+                return seconds, (_cpu_seconds() - cpu) / max(1, args.rounds - 1)
+
+            seconds, cpu = await asyncio.wait_for(rounds(), DEADLINE)
+        print(json.dumps({"round_seconds": seconds, "cpu_per_round": cpu}), flush=True)
+
+    asyncio.run(main())
+    return 0
+
+
+def star_round_trips(
+    pki: Path, leaves: int, rounds: int, datagram: int, backend: str, port: int
+) -> dict[str, Any]:
+    """Round times of ``leaves`` leaf processes through one hub (the first round, which
+    waits for every leaf to connect, dropped), and each side's CPU per round."""
+    common = ["--port", str(port), "--datagram", str(datagram), "--rounds", str(rounds), "--backend", backend]
+    hub = _spawn("hub", "--pki", str(pki), "--leaves", str(leaves), *common)
+    processes = [hub]
+    try:
+        _expect_ready(hub, "hub")
+        for _ in range(leaves):
+            processes.append(_spawn("leaf", *common))
+        reports = []
+        for process in processes:
+            assert process.stdout is not None
+            reports.append(json.loads(process.stdout.readline()))
+        return {
+            "round_seconds": [s for report in reports[1:] for s in report["round_seconds"][1:]],
+            "leaf_cpu_per_round": sum(r["cpu_per_round"] for r in reports[1:]) / leaves,
+            "hub_cpu_per_round": reports[0]["cpu_per_round"],
+        }
+    finally:
+        for process in processes:
+            _stop(process)
+
+
+def main(argv: list[str]) -> int:
+    roles = {"sink": _sink, "hub": _hub, "leaf": _leaf}
+    if argv[:1] and argv[0] in roles:
+        return roles[argv[0]](argv[1:])
+    print(f"usage: {os.path.basename(__file__)} sink|hub|leaf ... (started by run.py)", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
