@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from cco.wire import mac
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.messages import Contribution, PartialAggregate, decode_message, encode_message
-from cco.wire.modp import BLOCK, InnerProduct, P
+from cco.wire.modp import BLOCK, SMALL_BLOCK, InnerProduct, P
 from cco.wire.payload import RANGE_BOUND, ChunkHeader, derive_group_keys, seal
 from cco.wire.registries import Collective, DType, ReduceOp
 
@@ -148,9 +148,11 @@ def test_inner_product_is_exact_at_every_width(width: int, data: st.DataObject) 
     assert mac.inner_product(KEYS, chunk_id, array) == reference_inner(chunk_id, values)
 
 
-@pytest.mark.parametrize("n", [BLOCK - 1, BLOCK, BLOCK + 1, 2 * BLOCK + 3])
+@pytest.mark.parametrize("n", [1, SMALL_BLOCK, SMALL_BLOCK + 1, BLOCK - 1, BLOCK, BLOCK + 1, 2 * BLOCK + 3])
 @pytest.mark.parametrize("width", [1, 2, 4, 8])
 def test_inner_product_is_exact_across_blocks_at_the_extremes(n: int, width: int) -> None:
+    """Blocks on both sides of SMALL_BLOCK (Python integers below, numpy limbs above),
+    and chunks of one, two and three blocks."""
     lo, hi = WIDTH_RANGES[width]
     rng = np.random.default_rng(n + width)
     values = rng.choice(np.array([lo, hi, hi - 1, lo + 1], dtype=np.int64), size=n)
@@ -165,16 +167,17 @@ def test_inner_product_is_exact_across_blocks_at_the_extremes(n: int, width: int
 
 @pytest.mark.parametrize("width", [1, 2, 4, 8])
 @pytest.mark.parametrize("extreme", ["lo", "hi"])
-def test_a_full_block_at_the_largest_coefficients_does_not_overflow(width: int, extreme: str) -> None:
+@pytest.mark.parametrize("m", [SMALL_BLOCK, BLOCK])
+def test_a_block_at_the_largest_coefficients_does_not_overflow(width: int, extreme: str, m: int) -> None:
     """Every limb sum at (one below) its bound: each word all ones but its last bit
     (so u = 2^61 - 2 once the top three bits are dropped), every integer at the end
-    of its range."""
+    of its range; in a full block, and in the largest summed with Python integers."""
     value = WIDTH_RANGES[width][0 if extreme == "lo" else 1]
-    words = np.full(BLOCK, np.uint64(2**64 - 2))
-    values = np.full(BLOCK, value, dtype=f"<i{width}")
+    words = np.full(m, np.uint64(2**64 - 2))
+    values = np.full(m, value, dtype=f"<i{width}")
     product = InnerProduct(width)
     product.add(words, values)
-    assert product.result() == ((2**61 - 2) * value * BLOCK) % P != 0
+    assert product.result() == ((2**61 - 2) * value * m) % P != 0
 
 
 @pytest.mark.parametrize("width", [1, 2, 4, 8])

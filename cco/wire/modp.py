@@ -33,6 +33,13 @@ P = (1 << 61) - 1
 BLOCK = 1 << 16
 """Elements per block: the most for which every limb sum stays within 64 bits."""
 
+SMALL_BLOCK = 32
+"""Blocks of at most this many elements are summed with Python integers instead: for
+them the dozen numpy calls of the limb path cost more than the products themselves
+(measured on the reference machine: 1.5 against 18 us for two int32 elements, 8 against
+15 us for 32; from about 64 elements numpy is faster)."""
+
+_WORD_MASK = (1 << 61) - 1
 _LOW_MASK = np.uint64((1 << 32) - 1)
 _HIGH_MASK = np.uint64((1 << 29) - 1)  # bits 32..60 of a word: u is the word mod 2^61
 _HIGH_SHIFT = np.uint64(32)
@@ -73,6 +80,10 @@ class InnerProduct:
             return
         if m > BLOCK or len(words) != m:
             raise ValueError("a block must hold at most BLOCK elements and one word per element")
+        if m <= SMALL_BLOCK:
+            pairs = zip(words.tolist(), values.tolist(), strict=True)
+            self._total = (self._total + sum((w & _WORD_MASK) * y for w, y in pairs)) % P
+            return
         values = np.ascontiguousarray(values)  # the limb views below need one run of memory
         scratch = _scratch
         u_low, u_high = scratch.u_low[:m], scratch.u_high[:m]
