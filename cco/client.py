@@ -310,11 +310,13 @@ class Communicator:
 
         Keywords are those of :class:`CollectiveRequest`: ``timeout`` (seconds), and for
         float SUM and AVG ``width``, the bits per element on the wire (8, 16, 32 or 64;
-        default: the group's ``float_width``, else the dtype's own).  Floats in sums are
-        block-scaled fixed point: each element of the result is within about c x M / Q
-        of the exact sum (M: the largest magnitude in its block on any rank, c: the
-        contributors, Q = (2^(width-1) - 1) / world_size), and bit-identical on every
-        rank; MIN and MAX of floats are exact."""
+        default: the group's ``float_width``, else the dtype's own).  Floats in sums of
+        more than 16 elements are block-scaled fixed point: each element of the result
+        is within about c x M / Q of the exact sum (M: the largest magnitude in its block
+        on any rank, c: the contributors, Q = (2^(width-1) - 1) / world_size).  Sums of
+        at most 16 floats are exact limbs, whatever ``width``: the exact sum rounded
+        once, in one round trip instead of two.  Either way the result is bit-identical
+        on every rank; MIN and MAX of floats are exact."""
         return _present(await self.start_all_reduce(array, op, **kw))
 
     async def reduce(

@@ -14,6 +14,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from cco.wire.errors import EncodeError
+from cco.wire.exact import MAX_ELEMENTS, limb_count
 from cco.wire.fields import (
     Bitmap,
     Bytes,
@@ -93,12 +94,14 @@ def struct_strategy(cls: type[Struct]) -> st.SearchStrategy[Any]:
 def chunk_message_strategy(draw: st.DrawFn, cls: type[ChunkMessage]) -> ChunkMessage:
     """A valid chunk message of any wire form: its scales, block_elements and payload
     length follow from the header (block-scaled chunks carry one attestation integer
-    per block after their elements, at their width)."""
+    per block after their elements, at their width; EXACT ones whole elements' limbs)."""
     target = draw(st.sampled_from(list(Form)))
-    kind, op, dtype = draw(_operations[target])
-    assert form(kind, op, dtype) is target
+    exact = target is Form.EXACT
+    kind, op, dtype = draw(_operations[Form.BLOCK_SCALED if exact else target])
+    assert form(kind, op, dtype, exact) is target
     chunk_elements = draw(st.integers(1, 40))
-    total = draw(st.integers(0, 100))
+    # EXACT: whole elements of limbs, at most MAX_ELEMENTS of them
+    total = limb_count(dtype) * draw(st.integers(0, MAX_ELEMENTS)) if exact else draw(st.integers(0, 100))
     index = draw(st.integers(0, chunk_count(total, chunk_elements) - 1))
     width = draw(st.sampled_from(list(ELEMENT_WIDTHS)))
     elements = chunk_length(total, chunk_elements, index)

@@ -749,7 +749,7 @@ def test_a_member_leaving_starts_a_new_epoch() -> None:
 
 def test_non_blocking_operations_complete_in_call_order() -> None:
     d = deploy(14)
-    data = inputs(DType.FLOAT32, 10, 14)
+    data = inputs(DType.FLOAT32, 40, 14)  # above exact.MAX_ELEMENTS: block-scaled
     first = d.start(
         GROUP, {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=data[r]) for r in range(WORLD)}
     )
@@ -759,7 +759,7 @@ def test_non_blocking_operations_complete_in_call_order() -> None:
     third = d.start(
         GROUP, {r: CollectiveRequest(kind=Collective.ALL_GATHER, array=data[r]) for r in range(WORLD)}
     )
-    # a float SUM is two wire operations (its scale pass first): the caller sees the second op_id
+    # a block-scaled SUM is two wire operations (its scale pass first): the caller sees the second op_id
     assert set(first.values()) == {1} and set(second.values()) == {2} and set(third.values()) == {3}
     d.cluster.run(lambda: all(len(d.outcomes(GROUP, ops)) == WORLD for ops in (first, second, third)))
     reduced = identical(d.outcomes(GROUP, first))

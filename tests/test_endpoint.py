@@ -49,6 +49,7 @@ from cco.wire import payload
 from cco.wire.blockscale import SCALE_MAX
 from cco.wire.dtypes import ELEMENT_TYPES
 from cco.wire.errors import CcoError, ErrorCode
+from cco.wire.exact import limb_count, to_limbs
 from cco.wire.fields import bitmap_from_ranks
 from cco.wire.messages import (
     MAX_TOTAL_ELEMENTS,
@@ -800,11 +801,9 @@ def test_an_input_changed_during_the_operation_fails_it_and_tells_the_tree(resen
     """The operation reads the caller's array until it completes (CollectiveRequest):
     a value changed to one that cannot be encoded fails the operation cleanly."""
     rig = joined()
-    data = np.arange(12, dtype=np.float32)  # three chunks; the window holds two
+    data = np.arange(40, dtype=np.float32)  # block-scaled, in ten chunks; the window holds two
     op_id, out = rig.start(CollectiveRequest(kind=Collective.ALL_REDUCE, array=data))
-    (proposals,) = sent(out, rig.parent, Contribution)  # the scale pass comes first
-    out = rig.from_parent(tree_result(proposals, {r: np.zeros(0) for r in range(WORLD) if r != RANK}))
-    first, _ = sent(out, rig.parent, Contribution)
+    first, _ = after_the_scale_pass(rig, out)
     if resent:
         data[5] = np.nan  # chunk 1, outstanding: asked for again
         out = rig.from_parent(RetransmitRequest(group_id=GROUP, epoch=1, op_id=op_id, chunks=(1,)))
@@ -904,6 +903,16 @@ def tree_result(mine: ChunkMessage, others: dict[int, np.ndarray]) -> ChunkMessa
             for r, wire in others.items()
         ]
     return payload.combine([mine, *parts], Result)
+
+
+def after_the_scale_pass(rig: Rig, out: list[Command]) -> list[Contribution]:
+    """Answer a block-scaled operation's scale pass (its first chunks, ``out``) as
+    :func:`tree_result` does; the data chunks sent once its scales are agreed."""
+    chunks = sent(out, rig.parent, Contribution)
+    while chunks and chunks[0].dtype is DType.INT16:
+        out = rig.from_parent(tree_result(chunks.pop(0), {r: np.zeros(0) for r in range(WORLD) if r != RANK}))
+        chunks += sent(out, rig.parent, Contribution)
+    return chunks
 
 
 def play_tree(
@@ -1485,12 +1494,38 @@ def test_a_tensor_beyond_the_element_limit_is_refused() -> None:
 def test_every_wire_width_can_be_asked_for(bits: int) -> None:
     rig = joined()
     _, out = rig.start(
-        CollectiveRequest(kind=Collective.ALL_REDUCE, array=np.ones(4, np.float32), width=bits)
+        CollectiveRequest(kind=Collective.ALL_REDUCE, array=np.ones(40, np.float32), width=bits)
     )
-    (proposals,) = sent(out, rig.parent, Contribution)
-    out = rig.from_parent(tree_result(proposals, {r: np.zeros(0) for r in range(WORLD) if r != RANK}))
-    (data,) = sent(out, rig.parent, Contribution)
-    assert data.width == bits // 8 and data.block_elements == PARAMS.block_elements
+    chunks = after_the_scale_pass(rig, out)
+    assert len(chunks) == PARAMS.window
+    assert all(c.width == bits // 8 and c.block_elements == PARAMS.block_elements for c in chunks)
+
+
+@pytest.mark.parametrize("op", [ReduceOp.SUM, ReduceOp.AVG])
+def test_a_small_float_sum_is_exact_in_one_pass(op: ReduceOp) -> None:
+    """At most MAX_ELEMENTS elements: no scale pass (one op_id), every value's limbs at
+    once (a width asked for changes nothing), and the correctly rounded sum: 1 + 2^-24
+    is a tie that goes to the even 1."""
+    rig = joined()
+    data = np.array([1.0, 2.0**-24, -3.5], dtype=np.float32)
+    request = CollectiveRequest(kind=Collective.ALL_REDUCE, op=op, array=data, width=16)
+    op_id, out = rig.start(request)
+    assert rig.machine._next_op_id == op_id + 1
+    element = ELEMENT_TYPES[DType.FLOAT32]
+    rank0 = to_limbs(np.array([2.0**-24, 2.0**-24, 0.5], dtype=np.float32), element)
+    others = {r: rank0 if r == 0 else np.zeros(len(rank0), np.int64) for r in range(WORLD) if r != RANK}
+    chunks, done = sent(out, rig.parent, Contribution), list(out)
+    assert chunks[0].total_elements == 3 * limb_count(DType.FLOAT32) and chunks[0].scales is None
+    while chunks:
+        out = rig.from_parent(tree_result(chunks.pop(0), others))
+        chunks += sent(out, rig.parent, Contribution)
+        done += out
+    (completed,) = [c for c in done if isinstance(c, OperationCompleted)]
+    assert completed.result is not None and completed.result.dtype == np.float32
+    expected = [1.0, 2.0**-23, -3.0]
+    if op is ReduceOp.AVG:
+        expected = [float(np.float32(x / WORLD)) for x in (1 + 2.0**-24, 2.0**-23, -3.0)]
+    assert completed.result.tolist() == expected
 
 
 def test_a_rendezvous_lost_while_joining_fails_the_join_with_the_reason() -> None:
@@ -1622,7 +1657,7 @@ def test_a_bad_quorum_is_refused_at_start(request_: CollectiveRequest, code: Err
 
 
 def test_a_prepared_start_sends_what_a_direct_start_sends() -> None:
-    data = np.random.default_rng(3).standard_normal(10).astype(np.float32)
+    data = np.random.default_rng(3).standard_normal(40).astype(np.float32)  # block-scaled
     request = CollectiveRequest(kind=Collective.ALL_REDUCE, array=data)
     direct, planned = joined(), joined()
     prepared = planned.machine.prepare(request)

@@ -10,6 +10,8 @@ within the operation's timeout.
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import pytest
 
@@ -33,8 +35,9 @@ def deploy(seed: int = 0) -> Deployment:
     return build_cluster([GroupSpec(GROUP, WORLD)], aggregators=3, params=PARAMS, max_fan_in=4, seed=seed)
 
 
-def data(rank: int, dtype: type = np.int32) -> np.ndarray:
-    return (np.arange(10) * (rank + 1) + rank).astype(dtype)
+def data(rank: int, dtype: type = np.int32, elements: int = 24) -> np.ndarray:
+    """24 elements by default: float sums of them are block-scaled (a scale pass)."""
+    return (np.arange(elements) * (rank + 1) + rank).astype(dtype)
 
 
 def request(
@@ -103,6 +106,27 @@ def test_quorum_of_floats_agrees_its_scales_among_the_ranks_that_sent() -> None:
     some = next(iter(outcomes.values()))
     assert some.contributors == EVERYONE_ELSE and some.result is not None
     assert np.allclose(some.result, exact, rtol=1e-5, atol=1e-3)
+
+
+def test_quorum_of_few_floats_is_exact_in_two_passes() -> None:
+    """At most 16 floats: presence, then the data as exact limbs (no scale pass), and
+    the average over the ranks that sent, rounded once."""
+    d = deploy(seed=2)
+    quorum = Quorum(min_ranks=6, wait=WAIT)
+    requests = {
+        r: CollectiveRequest(
+            kind=Collective.ALL_REDUCE, op=ReduceOp.AVG, array=data(r, np.float32, 3), quorum=quorum
+        )
+        for r in EVERYONE_ELSE
+    }
+    op_ids = d.start(GROUP, requests)
+    assert set(op_ids.values()) == {1}  # presence pass 0, data 1: no scale pass
+    outcomes = completed(wait_for(d, op_ids))
+    sums = [sum(Fraction(int(data(r)[j])) for r in EVERYONE_ELSE) for j in range(3)]
+    want = [float(np.float32(float(s / len(EVERYONE_ELSE)))) for s in sums]
+    for outcome in outcomes.values():
+        assert outcome.contributors == EVERYONE_ELSE and outcome.result is not None
+        assert outcome.result.tolist() == want
 
 
 def test_a_quorum_not_reached_waits_then_fails_naming_the_missing() -> None:

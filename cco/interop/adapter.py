@@ -38,6 +38,7 @@ from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.framing import FrameDecoder, encode_frame
 from cco.wire.mac import INFO_K1, INFO_K2, contribution_tag, hkdf_expand_32, hkdf_extract
 from cco.wire.messages import ChunkMessage, PartialAggregate, Result, decode_message, encode_message
+from cco.wire.ops import Form, form, sums_exactly
 from cco.wire.payload import (
     ChunkHeader,
     combine,
@@ -151,11 +152,17 @@ def op_verify(req: Json) -> Json:
 
 
 def op_wire_form(req: Json) -> Json:
+    """A float SUM or AVG in a reduction is EXACT here (encoding: of at most 16
+    elements); block-scaled operations have calls of their own (propose, quantize)."""
     dtype, kind, op = DType(req["dtype"]), Collective(req["kind"]), ReduceOp(req["op"])
     if req["direction"] == "encode":
-        wire = encode_values(_elements(dtype, req["input_bits"]), dtype, kind, op, req["world_size"])
+        elements = _elements(dtype, req["input_bits"])
+        exact = sums_exactly(kind, op, dtype, len(elements))
+        wire = encode_values(elements, dtype, kind, op, req["world_size"], exact)
         return {"wire": [int(v) for v in wire]}
-    out = decode_values(np.array(req["wire"], dtype=np.int64), dtype, kind, op, req["contributor_count"])
+    exact = form(kind, op, dtype) is Form.BLOCK_SCALED
+    wire = np.array(req["wire"], dtype=np.int64)
+    out = decode_values(wire, dtype, kind, op, req["contributor_count"], exact)
     return {"output_bits": np.asarray(out, dtype=np.dtype(STORAGE[dtype]).newbyteorder("<")).tobytes().hex()}
 
 

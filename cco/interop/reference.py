@@ -229,3 +229,56 @@ def decode_block_scaled(y: int, s: int, divisor: int, dtype: int) -> bytes:
     if (bf >> 7) & 0xFF == 0xFF:
         raise OverflowError("the result does not fit bfloat16")
     return (bf << 16).to_bytes(4, "little")
+
+
+# --- exact limbs ----------------------------------------------------------------------
+
+EXACT_MAX_ELEMENTS = 16
+# dtype code -> (precision in bits, emin, emax) of the dtype's own format
+EXACT_FORMATS = {5: (11, -14, 15), 6: (8, -126, 127), 7: (24, -126, 127), 8: (53, -1022, 1023)}
+
+
+def exact_unit(dtype: int) -> int:
+    """e0, the exponent of the dtype's smallest subnormal."""
+    precision, emin, _ = EXACT_FORMATS[dtype]
+    return emin - precision + 1
+
+
+def exact_limb_count(dtype: int) -> int:
+    """L = ceil((emax + 1 - e0) / 32)."""
+    return -(-(EXACT_FORMATS[dtype][2] + 1 - exact_unit(dtype)) // 32)
+
+
+def exact_limbs(dtype: int, value: float) -> list[int]:
+    """The L signed base-2^32 digits of value * 2^-e0, least significant first;
+    ValueError for NaN or an infinity."""
+    if math.isnan(value) or math.isinf(value):
+        raise ValueError("not finite")
+    v = Fraction(value) / Fraction(2) ** exact_unit(dtype)
+    assert v.denominator == 1, "every finite value is a multiple of the smallest subnormal"
+    magnitude, sign = abs(v.numerator), (-1 if v < 0 else 1)
+    return [sign * ((magnitude >> (32 * k)) % (1 << 32)) for k in range(exact_limb_count(dtype))]
+
+
+def exact_decode(dtype: int, limbs: Sequence[int], divisor: int) -> bytes | None:
+    """S * 2^e0 / divisor rounded to the dtype, ties to even, as the element's bytes
+    (bfloat16: its float32 carrier); None beyond the largest finite value."""
+    precision, emin, emax = EXACT_FORMATS[dtype]
+    total = sum(y * (1 << (32 * k)) for k, y in enumerate(limbs))
+    x = Fraction(total) * Fraction(2) ** exact_unit(dtype) / divisor
+    if x == 0:
+        rounded = 0.0
+    else:
+        e = 0
+        while Fraction(2) ** e > abs(x):
+            e -= 1
+        while Fraction(2) ** (e + 1) <= abs(x):
+            e += 1
+        quantum = Fraction(2) ** (max(e, emin) - precision + 1)
+        n = round(abs(x) / quantum)  # Python rounds a Fraction half to even
+        largest = (2 - Fraction(2) ** (1 - precision)) * Fraction(2) ** emax
+        if n * quantum > largest:
+            return None
+        rounded = float(n * quantum) * (1 if x > 0 else -1)
+    fmt = {5: "<e", 6: "<f", 7: "<f", 8: "<d"}[dtype]
+    return struct.pack(fmt, rounded)

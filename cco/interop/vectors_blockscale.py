@@ -554,17 +554,18 @@ OPERATIONS = [
     Operation(
         "float16_sum_4_ranks_width_16",
         "float16 SUM at float16's own width (W = 2 bytes, Q = 8191): the largest finite value 65504, "
-        "the smallest normal and subnormal, and ties.",
+        "the smallest normal and subnormal, and ties; 24 elements, since a float SUM of at most 16 "
+        "is EXACT instead.",
         DType.FLOAT16,
         ReduceOp.SUM,
         2,
         16,
         16,
         [
-            [65504.0, -6.103515625e-05, 5.960464477539063e-08, 0.0, 1.0, -1.0, 0.5, 3.0],
-            [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0],
-            [-0.25, 0.125, 1024.0, -2048.0, 0.0, 0.0, 0.0, 0.0],
-            [0.0009765625, -0.0009765625, 100.0, 200.0, -300.0, 400.0, -500.0, 600.0],
+            [65504.0, -6.103515625e-05, 5.960464477539063e-08, 0.0, 1.0, -1.0, 0.5, 3.0] * 3,
+            [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0] * 3,
+            [-0.25, 0.125, 1024.0, -2048.0, 0.0, 0.0, 0.0, 0.0] * 3,
+            [0.0009765625, -0.0009765625, 100.0, 200.0, -300.0, 400.0, -500.0, 600.0] * 3,
         ],
     ),
     Operation(

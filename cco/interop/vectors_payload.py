@@ -24,6 +24,7 @@ from cco.interop import reference as ref
 from cco.interop.jsonform import from_hex, message_to_json
 from cco.interop.vectors_blockscale import header_json
 from cco.wire.errors import CcoError, ErrorCode
+from cco.wire.exact import limb_count
 from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap
 from cco.wire.messages import (
     ChunkMessage,
@@ -211,10 +212,10 @@ def tag_vectors() -> list[Vector]:
         ),
         _tag_vector(
             "float32_block_scaled_last_chunk",
-            "Block-scaled float32 (-1.0 and 1.5 at scale 20) in the shorter last chunk (index 2 of 3), "
-            "then rank 3's attestation 1 for the chunk's one block.  The width (4), block_elements (16) "
-            "and scales (1400: int16 20) are in m, at its seventh place.",
-            _header(dtype=DType.FLOAT32, total=10, chunk=4, index=2, width=4, block_elements=16, scales=[20]),
+            "Block-scaled float32 (-1.0 and 1.5 at scale 20) in the shorter last chunk (index 2 of 3) "
+            "of an 18-element operation, then rank 3's attestation 1 for the chunk's one block.  The "
+            "width (4), block_elements (16) and scales (1400: int16 20) are in m, at its seventh place.",
+            _header(dtype=DType.FLOAT32, total=18, chunk=8, index=2, width=4, block_elements=16, scales=[20]),
             3,
             [-(1 << 20), 3 << 19, 1],
         ),
@@ -730,13 +731,30 @@ def _bits(x: np.ndarray) -> str:
 
 FLOAT_DTYPES = frozenset({DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32, DType.FLOAT64})
 REDUCE = Collective.ALL_REDUCE
+_REDUCTIONS = frozenset({Collective.ALL_REDUCE, Collective.REDUCE, Collective.REDUCE_SCATTER})
 FORMS = {"values": "VALUES", "patterns": "PATTERNS", "ordered": "ORDERED"}
 
 
-def _form(kind: Collective, op: ReduceOp, dtype: DType) -> str:
+def _form(kind: Collective, op: ReduceOp, dtype: DType, elements: int) -> str:
+    """The form of an operation of ``elements`` elements, from the rules of
+    interop/payload.md (block-scaled operations have vectors of their own)."""
     if kind in (Collective.BROADCAST, Collective.ALL_GATHER, Collective.BARRIER):
         return "PATTERNS"
-    return "ORDERED" if dtype in FLOAT_DTYPES else "VALUES"
+    if dtype not in FLOAT_DTYPES:
+        return "VALUES"
+    if op not in (ReduceOp.SUM, ReduceOp.AVG):
+        return "ORDERED"
+    return "EXACT" if elements <= ref.EXACT_MAX_ELEMENTS else "BLOCK_SCALED"
+
+
+def _elements(v: Vector) -> int:
+    """The element count of a wire-form vector: its inputs, or its wire integers."""
+    dtype = v["dtype"]
+    if v["direction"] == "encode":
+        return len(ref.elements(dtype, from_hex(v["input_bits"])))
+    if dtype in ref.EXACT_FORMATS and v["op"] in (ref.SUM, ref.AVG) and v["kind"] in ref.REDUCTIONS:
+        return len(v["wire"]) // ref.exact_limb_count(dtype)
+    return len(v["wire"])
 
 
 def _text(dtype: DType, x: np.ndarray) -> list[str]:
@@ -746,11 +764,12 @@ def _text(dtype: DType, x: np.ndarray) -> list[str]:
 def _encode_vector(
     name: str, description: str, dtype: DType, kind: Collective, op: ReduceOp, world: int, x: np.ndarray
 ) -> Vector:
+    exact = _form(kind, op, dtype, len(x)) == "EXACT"
     vector: Vector = {
         "name": name,
         "description": description,
         "direction": "encode",
-        "form": _form(kind, op, dtype),
+        "form": _form(kind, op, dtype, len(x)),
         "dtype": int(dtype),
         "kind": int(kind),
         "op": int(op),
@@ -759,7 +778,7 @@ def _encode_vector(
         "input_text": _text(dtype, x),
     }
     try:
-        vector["wire"] = encode_values(x, dtype, kind, op, world).tolist()
+        vector["wire"] = encode_values(x, dtype, kind, op, world, exact).tolist()
     except CcoError as error:
         vector |= {"fail": True, "error_code": int(error.code), "error_name": error.code.name}
     return vector
@@ -774,11 +793,13 @@ def _decode_vector(
     count: int,
     wire: list[int],
 ) -> Vector:
+    exact = dtype in FLOAT_DTYPES and op in (ReduceOp.SUM, ReduceOp.AVG) and kind in _REDUCTIONS
+    elements = len(wire) // limb_count(dtype) if exact else len(wire)
     vector: Vector = {
         "name": name,
         "description": description,
         "direction": "decode",
-        "form": _form(kind, op, dtype),
+        "form": _form(kind, op, dtype, elements),
         "dtype": int(dtype),
         "kind": int(kind),
         "op": int(op),
@@ -786,7 +807,7 @@ def _decode_vector(
         "wire": wire,
     }
     try:
-        out = decode_values(np.array(wire, dtype=np.int64), dtype, kind, op, count)
+        out = decode_values(np.array(wire, dtype=np.int64), dtype, kind, op, count, exact)
     except CcoError as error:
         return vector | {"fail": True, "error_code": int(error.code), "error_name": error.code.name}
     return vector | {"output_bits": _bits(out), "output_text": _text(dtype, out)}
@@ -988,6 +1009,146 @@ def wire_form_vectors() -> list[Vector]:
             3,
             [2**63 - 1, -(2**63)],
         ),
+        *exact_vectors(),
+    ]
+
+
+def _limbs(dtype: DType, values: list[float]) -> list[int]:
+    """The EXACT wire integers of ``values`` (a contribution, or a sum of them)."""
+    x = np.array(values, dtype=NUMPY_TYPES[dtype])
+    return [int(y) for y in encode_values(x, dtype, REDUCE, ReduceOp.SUM, 4, exact=True)]
+
+
+def _added(*wires: list[int]) -> list[int]:
+    return [sum(column) for column in zip(*wires, strict=True)]
+
+
+def exact_vectors() -> list[Vector]:
+    """EXACT: float sums of at most 16 elements as limbs, and their rounding."""
+    e, d = _encode_vector, _decode_vector
+    sum_, avg, f16, bf16, f32, f64 = (
+        ReduceOp.SUM,
+        ReduceOp.AVG,
+        DType.FLOAT16,
+        DType.BFLOAT16,
+        DType.FLOAT32,
+        DType.FLOAT64,
+    )
+    tie = _added(_limbs(f32, [1.0, 3.0, 1.0 + 2.0**-23]), _limbs(f32, [2.0**-24, 2.0**-23, 2.0**-24]))
+    return [
+        e(
+            "float32_sum_exact_limbs",
+            "EXACT: 1, -2.5, the smallest subnormal, the largest finite value and -0 as nine "
+            "base-2^32 digits each of x * 2^149, least significant first, signed like x.",
+            f32,
+            REDUCE,
+            sum_,
+            4,
+            np.array([1.0, -2.5, 2.0**-149, np.finfo(np.float32).max, -0.0], dtype=np.float32),
+        ),
+        e(
+            "float16_avg_exact_limbs",
+            "EXACT: binary16 in two limbs of x * 2^24 (65504 = 2^15 * 1.999).",
+            f16,
+            REDUCE,
+            avg,
+            4,
+            np.array([65504.0, -(2.0**-24), 1.5], dtype=np.float16),
+        ),
+        e(
+            "bfloat16_sum_exact_limbs_rounded_first",
+            "EXACT: a bfloat16 element given as float32 is rounded to bfloat16 first: "
+            "1 + 2^-9 becomes 1 (a tie to even), 1 + 3 * 2^-9 becomes 1 + 2^-7.",
+            bf16,
+            REDUCE,
+            sum_,
+            4,
+            np.array([1.0 + 2.0**-9, 1.0 + 3 * 2.0**-9], dtype=np.float32),
+        ),
+        e(
+            "float64_sum_exact_limbs",
+            "EXACT: binary64 in 66 limbs of x * 2^1074.",
+            f64,
+            Collective.REDUCE_SCATTER,
+            sum_,
+            4,
+            np.array([5e-324, -1.0], dtype=np.float64),
+        ),
+        e(
+            "float32_sum_exact_nan",
+            "EXACT: NaN cannot be carried: OVERFLOW.",
+            f32,
+            REDUCE,
+            sum_,
+            4,
+            np.array([1.0, np.nan], dtype=np.float32),
+        ),
+        d(
+            "float32_sum_exact_ties_to_even",
+            "EXACT decode: 1 + 2^-24 and 3 + 2^-23 are ties that go down to the even 1 and 3, "
+            "(1 + 2^-23) + 2^-24 one that goes up to the even 1 + 2^-22.",
+            f32,
+            REDUCE,
+            sum_,
+            2,
+            tie,
+        ),
+        d(
+            "float32_avg_exact_rounds_once",
+            "EXACT decode: (1 + 0 + 0) / 3 is rounded once from the exact quotient.",
+            f32,
+            REDUCE,
+            avg,
+            3,
+            _limbs(f32, [1.0]),
+        ),
+        d(
+            "float32_sum_exact_cancellation",
+            "EXACT decode: 2^100 + 2^-100 - 2^100 is exactly 2^-100 (binary32 additions give 0 "
+            "or 2^-100 by order).",
+            f32,
+            REDUCE,
+            sum_,
+            3,
+            _added(_limbs(f32, [2.0**100]), _limbs(f32, [2.0**-100]), _limbs(f32, [-(2.0**100)])),
+        ),
+        d(
+            "float32_sum_exact_zero_is_positive",
+            "EXACT decode: -0.0 + -0.0 and 1.5 - 1.5 are exact zeros: +0.0.",
+            f32,
+            REDUCE,
+            sum_,
+            2,
+            _added(_limbs(f32, [-0.0, 1.5]), _limbs(f32, [-0.0, -1.5])),
+        ),
+        d(
+            "float16_sum_exact_subnormal",
+            "EXACT decode: 3 * 2^-24 / 2 (AVG of 2) is a tie between the subnormals 2^-24 "
+            "and 2^-23; it goes to the even 2^-23.",
+            f16,
+            REDUCE,
+            avg,
+            2,
+            _limbs(f16, [3 * 2.0**-24]),
+        ),
+        d(
+            "bfloat16_sum_exact_rounds_to_bfloat16",
+            "EXACT decode: 1 + 2^-8 is a bfloat16 tie between 1 and 1 + 2^-7: it goes to 1.",
+            bf16,
+            REDUCE,
+            sum_,
+            2,
+            _added(_limbs(bf16, [1.0]), _limbs(bf16, [2.0**-8])),
+        ),
+        d(
+            "float32_sum_exact_overflows",
+            "EXACT decode: twice the largest binary32 does not fit: OVERFLOW.",
+            f32,
+            REDUCE,
+            sum_,
+            2,
+            _added(*[_limbs(f32, [float(np.finfo(np.float32).max)])] * 2),
+        ),
     ]
 
 
@@ -1127,12 +1288,14 @@ def _check_failure(v: Vector) -> list[str]:
 def _check_wire_form(v: Vector) -> list[str]:
     """The implementation's codec gives the vector's output (or refusal)."""
     dtype, kind, op = DType(v["dtype"]), Collective(v["kind"]), ReduceOp(v["op"])
+    exact = v["form"] == "EXACT"
     try:
         if v["direction"] == "encode":
             x = np.frombuffer(from_hex(v["input_bits"]), dtype=NUMPY_TYPES[dtype])
-            got: Vector = {"wire": encode_values(x, dtype, kind, op, v["world_size"]).tolist()}
+            got: Vector = {"wire": encode_values(x, dtype, kind, op, v["world_size"], exact).tolist()}
         else:
-            out = decode_values(np.array(v["wire"], dtype=np.int64), dtype, kind, op, v["contributor_count"])
+            wire = np.array(v["wire"], dtype=np.int64)
+            out = decode_values(wire, dtype, kind, op, v["contributor_count"], exact)
             got = {"output_bits": _bits(out)}
     except CcoError as error:
         got = {"fail": True, "error_code": int(error.code)}
@@ -1144,6 +1307,10 @@ def _reference_wire(v: Vector) -> Vector:
     dtype, form, op = v["dtype"], v["form"], v["op"]
     if v["direction"] == "encode":
         x = ref.elements(dtype, from_hex(v["input_bits"]))
+        if form == "EXACT":
+            if any(math.isnan(a) or math.isinf(a) for a in x):
+                return {"fail": True, "error_code": int(ErrorCode.OVERFLOW)}
+            return {"wire": [limb for a in x for limb in ref.exact_limbs(dtype, a)]}
         if form == "ORDERED":
             if any(math.isnan(a) for a in x):
                 return {"fail": True, "error_code": int(ErrorCode.OVERFLOW)}
@@ -1164,6 +1331,13 @@ def _reference_wire(v: Vector) -> Vector:
             return {"fail": True, "error_code": int(ErrorCode.OVERFLOW)}
         return {"wire": list(x)}
     wire, count = v["wire"], v["contributor_count"]
+    if form == "EXACT":
+        size = ref.exact_limb_count(dtype)
+        divisor = count if op == ref.AVG else 1
+        decoded = [ref.exact_decode(dtype, wire[j : j + size], divisor) for j in range(0, len(wire), size)]
+        if any(d is None for d in decoded):
+            return {"fail": True, "error_code": int(ErrorCode.OVERFLOW)}
+        return {"output_bits": b"".join(d for d in decoded if d is not None).hex()}
     if form == "ORDERED":
         bits = ref.FLOATS[dtype][0]
         if any(not -(1 << (bits - 1)) <= k < 1 << (bits - 1) for k in wire):
@@ -1179,7 +1353,7 @@ def _reference_wire(v: Vector) -> Vector:
 def _check_wire_form_reference(v: Vector) -> list[str]:
     want = _reference_wire(v)
     problems = [f"{k} is not what the definitions give" for k, value in want.items() if v.get(k) != value]
-    if v["form"] != _form(Collective(v["kind"]), ReduceOp(v["op"]), DType(v["dtype"])):
+    if v["form"] != _form(Collective(v["kind"]), ReduceOp(v["op"]), DType(v["dtype"]), _elements(v)):
         problems.append("form is not the one of kind, op and dtype")
     if (
         "input_text" in v

@@ -139,7 +139,7 @@ from cco.wire.messages import (
     RetransmitRequest,
     TreeAssignment,
 )
-from cco.wire.ops import CONSISTENCY_OPS, SUM_KINDS, Form, check_operation, form
+from cco.wire.ops import CONSISTENCY_OPS, SUM_KINDS, Form, check_operation, form, sums_exactly
 from cco.wire.packing import WIDTHS, unpack
 from cco.wire.registries import Collective, DType, ReduceOp, Role
 
@@ -298,11 +298,12 @@ class EndpointMachine:
         if array is not None and array.dtype != element.storage:
             raise CcoError(ErrorCode.INVALID_FIELD, f"{dtype.name} arrays are numpy {element.storage}")
         check_operation(request.kind, op, dtype, 0 if array is None else array.size)
-        scaled = form(request.kind, op, dtype) is Form.BLOCK_SCALED
-        width = self._wire_width(request, dtype, op, scaled)
+        exact = array is not None and sums_exactly(request.kind, op, dtype, array.size)
+        scaled = form(request.kind, op, dtype, exact) is Form.BLOCK_SCALED
+        width = self._wire_width(request, dtype, op, scaled or exact)  # checked; unused when EXACT
         sending = request.kind is not Collective.BROADCAST or root == self._rank
         source = source_of(array) if sending else None
-        placed = placement(request.kind, dtype, source, self._rank)
+        placed = placement(request.kind, dtype, source, self._rank, exact)
         if source is not None:
             total = len(placed) * (self._world_size if request.kind is Collective.ALL_GATHER else 1)
         elif array is not None:  # a broadcast receiver that knows the shape
@@ -325,6 +326,7 @@ class EndpointMachine:
             deadline=0.0,  # from start()'s now
             timeout=timeout,
             watchdog=request.timeout is None,
+            exact=exact,
         )
         if total >= 0:
             operation.size(total, self._params.chunk_elements, frozenset())

@@ -30,7 +30,7 @@ from enum import Enum
 import numpy as np
 
 from cco.wire import blockscale, payload
-from cco.wire.codec import decode_positions, encode_range, positions, wire_length
+from cco.wire.codec import decode_positions, decode_values, encode_range, positions, wire_length
 from cco.wire.dtypes import ELEMENT_TYPES
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import bitmap_from_ranks
@@ -110,6 +110,9 @@ class Operation:
     decode_error: CcoError | None = None  # the first chunk that did not decode (see decode)
     members: frozenset[int] = frozenset()
     scaling: Scaling | None = None  # block-scaled data operations only
+    exact: bool = False  # a float SUM or AVG in the EXACT form: limbs, no scale pass
+    sums: np.ndarray | None = None  # an EXACT result's verified limb sums, until all are in
+    summed: int = 0  # positions of ``sums`` filled
     feeds: int | None = None  # a scale or presence pass: the op_id of the data operation it serves
     interrupted: str | None = None  # why it waits for the next tree before starting again
     quorum: Quorum | None = None  # a presence pass
@@ -207,7 +210,9 @@ class Operation:
         """Wire integers [start, stop) of this rank's input, counted from its first."""
         assert self.source is not None
         element = ELEMENT_TYPES[self.dtype]
-        return encode_range(self.source, element, self.kind, self.op, self.world_size, start, stop)
+        return encode_range(
+            self.source, element, self.kind, self.op, self.world_size, start, stop, self.exact
+        )
 
     def check_encodes(self) -> None:
         """Encode this rank's whole input a chunk at a time, keeping nothing, so that
@@ -225,6 +230,9 @@ class Operation:
         kept in ``decode_error`` for the end of the operation, as whole-array decoding
         would: meanwhile this rank still sends its chunks, so the other ranks finish."""
         if not self.receives or self.decode_error is not None:
+            return
+        if self.exact:
+            self._sum_limbs(index, values)
             return
         if self.result is None:
             elements, split = divmod(self.total, wire_length(self.dtype, self.kind, 1))
@@ -249,6 +257,23 @@ class Operation:
             return
         positions(self.result, self.dtype, self.kind)[start : start + values.size] = decoded
 
+    def _sum_limbs(self, index: int, values: np.ndarray) -> None:
+        """Keep chunk ``index``'s limb sums; once every position is in, round them
+        (a chunk may end inside an element's limbs, so no chunk decodes alone)."""
+        if self.sums is None:
+            self.sums = np.zeros(self.total, dtype=np.int64)
+        start = index * self.chunk_elements
+        self.sums[start : start + values.size] = values
+        self.summed += values.size
+        if self.summed < self.total:
+            return
+        contributors = len(self.members)
+        try:
+            self.result = decode_values(self.sums, self.dtype, self.kind, self.op, contributors, exact=True)
+        except CcoError as error:
+            self.decode_error = error
+        self.sums = None
+
     def shaped_result(self) -> np.ndarray:
         """The decoded result in the shape the caller expects."""
         assert self.result is not None
@@ -268,7 +293,8 @@ class Operation:
         self.outstanding.clear()
         self.next_chunk = 0
         self.verified.clear()
-        self.result = self.decode_error = self.epoch = None
+        self.result = self.decode_error = self.epoch = self.sums = None
+        self.summed = 0
         self.members = self.listed if self.listed is not None else frozenset()
         self.contributors = frozenset()
 
@@ -281,12 +307,12 @@ def source_of(array: np.ndarray | None) -> np.ndarray:
     return np.ascontiguousarray(array).reshape(-1)
 
 
-def placement(kind: Collective, dtype: DType, source: np.ndarray | None, rank: int) -> range:
+def placement(kind: Collective, dtype: DType, source: np.ndarray | None, rank: int, exact: bool) -> range:
     """The positions that carry this rank's input: for ALL_GATHER, rank r's n integers
     go at r x n (the other ranks fill the rest); otherwise all of them."""
     if source is None:
         return range(0)
-    length = wire_length(dtype, kind, source.size)
+    length = wire_length(dtype, kind, source.size, exact)
     first = rank * length if kind is Collective.ALL_GATHER else 0
     return range(first, first + length)
 

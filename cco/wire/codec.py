@@ -10,8 +10,10 @@ A chunk's :class:`~cco.wire.ops.Form` follows from its kind, op and dtype:
   bit pattern, one wire integer per element, except 64-bit types, whose patterns
   exceed the range bound and so travel as two wire integers, the low then the high
   32-bit half;
-* BLOCK_SCALED: floats under SUM and AVG (:mod:`cco.wire.blockscale`, which needs
-  the agreed scales of each block).
+* EXACT: floats under SUM and AVG in a small reduction, as exact limbs
+  (:mod:`cco.wire.exact`), ``limb_count`` wire integers per element;
+* BLOCK_SCALED: floats under SUM and AVG otherwise (:mod:`cco.wire.blockscale`,
+  which needs the agreed scales of each block).
 
 ``total_elements`` in a chunk header always counts element positions
 (:func:`wire_length`).  The functions work on any slice of positions, so a sender
@@ -32,21 +34,24 @@ from cco.wire.dtypes import (
     require_storage,
 )
 from cco.wire.errors import CcoError, ErrorCode
+from cco.wire.exact import from_limbs, limb_count, to_limbs
 from cco.wire.ops import OPS, Form, form
 from cco.wire.packing import contribution_bound, fits_width
 from cco.wire.registries import Collective, DType, ReduceOp
 
 
-def wire_length(dtype: DType, kind: Collective, elements: int) -> int:
+def wire_length(dtype: DType, kind: Collective, elements: int, exact: bool = False) -> int:
     """Element positions (wire integers besides attestations) that carry ``elements``
-    application elements."""
+    application elements (``exact``: of an EXACT operation)."""
+    if exact:
+        return elements * limb_count(dtype)
     if form(kind, ReduceOp.SUM, dtype) is Form.PATTERNS:
         return elements * element_type(dtype).patterns_per_element
     return elements
 
 
-def _unscaled(kind: Collective, op: ReduceOp, dtype: DType) -> Form:
-    chosen = form(kind, op, dtype)
+def _unscaled(kind: Collective, op: ReduceOp, dtype: DType, exact: bool) -> Form:
+    chosen = form(kind, op, dtype, exact)
     if chosen is Form.BLOCK_SCALED:
         raise CcoError(ErrorCode.INTERNAL_ERROR, f"{dtype.name} {op.name} is block-scaled: use blockscale")
     return chosen
@@ -60,12 +65,19 @@ def encode_range(
     world_size: int,
     start: int,
     stop: int,
+    exact: bool = False,
 ) -> np.ndarray:
     """Wire integers at positions [start, stop) of the flat tensor ``flat``, as int64.
 
-    OVERFLOW for a value the form cannot carry: NaN under MIN or MAX, or, in a tagged
-    integer reduction, an integer beyond floor(B / world_size)."""
-    chosen = _unscaled(kind, op, element.code)
+    OVERFLOW for a value the form cannot carry: NaN under MIN or MAX, NaN or an
+    infinity in the EXACT form, or, in a tagged integer reduction, an integer beyond
+    floor(B / world_size)."""
+    chosen = _unscaled(kind, op, element.code, exact)
+    if chosen is Form.EXACT:  # the limbs of the elements the positions fall in
+        count = limb_count(element.code)
+        first, last = start // count, -(-stop // count)
+        limbs = to_limbs(flat[first:last], element, first)
+        return limbs[start - first * count : stop - first * count]
     if chosen is Form.PATTERNS:
         if element.code is DType.BFLOAT16:
             return bfloat16_patterns(flat[start:stop]).astype(np.int64)
@@ -88,12 +100,13 @@ def encode_range(
 
 
 def encode_values(
-    array: np.ndarray, dtype: DType, kind: Collective, op: ReduceOp, world_size: int
+    array: np.ndarray, dtype: DType, kind: Collective, op: ReduceOp, world_size: int, exact: bool = False
 ) -> np.ndarray:
     """The whole tensor (any shape, flattened in C order) as int64 wire integers."""
     element = element_type(dtype)
     flat = require_storage(array, element)
-    return encode_range(flat, element, kind, op, world_size, 0, wire_length(dtype, kind, len(flat)))
+    length = wire_length(dtype, kind, len(flat), exact)
+    return encode_range(flat, element, kind, op, world_size, 0, length, exact)
 
 
 def _checked_patterns(values: np.ndarray, pattern: np.dtype[np.signedinteger]) -> np.ndarray:
@@ -111,14 +124,19 @@ def _round_half_even_div(values: np.ndarray, divisor: int) -> np.ndarray:
 
 
 def decode_values(
-    values: np.ndarray, dtype: DType, kind: Collective, op: ReduceOp, contributor_count: int
+    values: np.ndarray,
+    dtype: DType,
+    kind: Collective,
+    op: ReduceOp,
+    contributor_count: int,
+    exact: bool = False,
 ) -> np.ndarray:
     """Wire integers (a whole tensor, or any slice of whole elements) back to the
     application's dtype.  AVG divides by ``contributor_count``, exactly, rounding half
     to even.  OVERFLOW if a result does not fit the type."""
     element = element_type(dtype)
     values = np.asarray(values, dtype=np.int64)
-    chosen = _unscaled(kind, op, dtype)
+    chosen = _unscaled(kind, op, dtype, exact)
     if chosen is Form.PATTERNS:
         if len(values) % element.patterns_per_element:
             raise CcoError(ErrorCode.INVALID_FIELD, f"{dtype.name} takes two wire integers per element")
@@ -130,6 +148,8 @@ def decode_values(
         return from_ordered_keys(values, element)
     if contributor_count < 1:
         raise CcoError(ErrorCode.INVALID_FIELD, f"contributor_count {contributor_count} is below 1")
+    if chosen is Form.EXACT:
+        return from_limbs(values, element, contributor_count if op is ReduceOp.AVG else 1)
     if op is ReduceOp.AVG and contributor_count != 1:
         values = _round_half_even_div(values, contributor_count)
     if len(values) and not fits_width(int(values.min()), int(values.max()), element.bits // 8):

@@ -27,7 +27,7 @@ from cco.wire.fields import (
     invalid,
     wire,
 )
-from cco.wire.ops import Form, form
+from cco.wire.ops import scaling_problem
 from cco.wire.registries import (
     GROUP_ID_SIZE,
     GROUP_SECRET_SIZE,
@@ -347,14 +347,12 @@ class ChunkMessage(Message):
         count = chunk_count(self.total_elements, self.chunk_elements)
         if self.chunk_index >= count:
             raise invalid(where, f"chunk_index {self.chunk_index} is not below chunk count {count}", encoding)
-        scaled = form(self.kind, self.op, self.dtype) is Form.BLOCK_SCALED
-        if scaled != (self.block_elements is not None) or scaled != (self.scales is not None):
-            raise invalid(
-                where,
-                f"scales and block_elements must be {'present' if scaled else 'absent'} for "
-                f"{self.dtype.name} {self.op.name} in {self.kind.name}",
-                encoding,
-            )
+        scaled = self.scales is not None
+        if scaled != (self.block_elements is not None):
+            raise invalid(where, "scales and block_elements must be both present or both absent", encoding)
+        problem = scaling_problem(self.kind, self.op, self.dtype, self.total_elements, scaled)
+        if problem is not None:
+            raise invalid(where, problem, encoding)
         if self.scales is not None and len(self.scales) != 2 * self.block_count:
             raise invalid(
                 where,

@@ -19,6 +19,7 @@ import numpy as np
 
 from cco.wire.dtypes import element_type
 from cco.wire.errors import CcoError, ErrorCode
+from cco.wire.exact import MAX_ELEMENTS, limb_count
 from cco.wire.registries import Collective, DType, ReduceOp
 
 
@@ -66,15 +67,52 @@ class Form(Enum):
     BLOCK_SCALED = "block-scaled"
     """Floats under SUM and AVG: block-scaled fixed point at a fixed width, with one
     attestation integer per block after the elements (:mod:`cco.wire.blockscale`)."""
+    EXACT = "exact"
+    """Floats under SUM and AVG in a reduction of at most ``exact.MAX_ELEMENTS``
+    elements: each value as exact base-2^32 limbs, rounded once at the endpoint
+    (:mod:`cco.wire.exact`); no scale pass."""
 
 
-def form(kind: Collective, op: ReduceOp, dtype: DType) -> Form:
-    """The wire form of a chunk with this kind, op and dtype."""
+def form(kind: Collective, op: ReduceOp, dtype: DType, exact: bool = False) -> Form:
+    """The wire form of a chunk with this kind, op and dtype.  ``exact`` chooses
+    between the two forms of a float SUM or AVG reduction: a chunk is EXACT when it
+    carries no scales, an operation when it has at most ``exact.MAX_ELEMENTS``
+    elements (:func:`sums_exactly`)."""
     if kind in SUM_KINDS:
         return Form.PATTERNS
     if not element_type(dtype).is_float:
         return Form.VALUES
-    return Form.BLOCK_SCALED if OPS[op].verifiable else Form.ORDERED
+    if not OPS[op].verifiable:
+        return Form.ORDERED
+    return Form.EXACT if exact else Form.BLOCK_SCALED
+
+
+def sums_exactly(kind: Collective, op: ReduceOp, dtype: DType, elements: int) -> bool:
+    """Whether an operation of ``elements`` application elements is in the EXACT form."""
+    return form(kind, op, dtype) is Form.BLOCK_SCALED and elements <= MAX_ELEMENTS
+
+
+def scaling_problem(
+    kind: Collective, op: ReduceOp, dtype: DType, total_elements: int, scaled: bool
+) -> str | None:
+    """Why a chunk header's scaling fields (``scaled``: it has them) do not fit its
+    kind, op, dtype and total_elements, or None.  Only a float SUM or AVG reduction
+    has them, and then either form is well formed: block-scaled, with them, or EXACT,
+    without, at most MAX_ELEMENTS elements of ``limb_count`` positions each.  (Which
+    form an operation takes is the endpoints' rule, :func:`sums_exactly`; a chunk of
+    the other form has another chunk identifier, so it never combines with theirs.)"""
+    what = f"{dtype.name} {op.name} in {kind.name}"
+    if form(kind, op, dtype) is not Form.BLOCK_SCALED:
+        return f"{what} takes no width, block_elements or scales" if scaled else None
+    if scaled:
+        return None
+    count = limb_count(dtype)
+    if total_elements % count or total_elements > MAX_ELEMENTS * count:
+        return (
+            f"{what} without scales is EXACT: total_elements {total_elements} is not a multiple "
+            f"of {count} limbs up to {MAX_ELEMENTS} elements"
+        )
+    return None
 
 
 def check_operation(kind: Collective, op: ReduceOp, dtype: DType, total_elements: int) -> None:

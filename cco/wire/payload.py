@@ -28,7 +28,7 @@ from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap
 from cco.wire.mac import GroupKeys, contribution_tag, derive_group_keys, expected_tag
 from cco.wire.messages import ChunkMessage, Contribution, chunk_length
 from cco.wire.modp import P
-from cco.wire.ops import OPS, Form, check_operation, form, inconsistency
+from cco.wire.ops import OPS, check_operation, inconsistency, scaling_problem
 from cco.wire.packing import (
     RANGE_BOUND,
     WIDTHS,
@@ -135,17 +135,17 @@ class ChunkHeader:
         return cbor.encode(fields)
 
     def check(self) -> None:
-        """Refuse a kind, op and dtype that do not fit together, and block scaling
-        where the form has none (or none where it must)."""
+        """Refuse a kind, op and dtype that do not fit together, block scaling where
+        the form has none, and an EXACT chunk that is not whole elements' limbs."""
         check_operation(self.kind, self.op, self.dtype, self.total_elements)
-        scaled = form(self.kind, self.op, self.dtype) is Form.BLOCK_SCALED
-        present = (self.width is not None, self.block_elements is not None, self.scales is not None)
-        if present != (scaled, scaled, scaled):
-            raise CcoError(
-                ErrorCode.INVALID_FIELD,
-                f"{self.dtype.name} {self.op.name} in {self.kind.name} "
-                f"{'needs' if scaled else 'takes no'} width, block_elements and scales",
-            )
+        present = {self.width is not None, self.block_elements is not None, self.scales is not None}
+        if len(present) != 1:
+            raise CcoError(ErrorCode.INVALID_FIELD, "width, block_elements and scales go together")
+        problem = scaling_problem(
+            self.kind, self.op, self.dtype, self.total_elements, self.scales is not None
+        )
+        if problem is not None:
+            raise CcoError(ErrorCode.INVALID_FIELD, problem)
         if self.scales is not None and len(self.scales) != 2 * self.block_count:
             raise CcoError(
                 ErrorCode.INVALID_FIELD, f"{len(self.scales)} bytes of scales for {self.block_count} blocks"
