@@ -71,6 +71,16 @@ def _client_config(quic: Any, datagram: int) -> Any:
     )
 
 
+def _arguments(role: str, argv: list[str], *extra: str) -> argparse.Namespace:
+    """A role's command line: --port, --datagram and --backend, and ``extra`` (--pki a
+    directory, the others integers)."""
+    parser = argparse.ArgumentParser(prog=f"barequic.py {role}")
+    for name in ("--port", "--datagram", *extra):
+        parser.add_argument(name, type=Path if name == "--pki" else int, required=True)
+    parser.add_argument("--backend", choices=QUIC_BACKENDS, required=True)
+    return parser.parse_args(argv)
+
+
 def _spawn(role: str, *args: str) -> subprocess.Popen[str]:
     argv = [sys.executable, str(Path(__file__).resolve()), role, *args]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
@@ -107,12 +117,7 @@ class StreamRun:
 
 def _sink(argv: list[str]) -> int:
     """Receive one stream; print 'ready', then its bytes, seconds and CPU seconds."""
-    parser = argparse.ArgumentParser(prog="barequic.py sink")
-    parser.add_argument("--pki", type=Path, required=True)
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--datagram", type=int, required=True)
-    parser.add_argument("--backend", choices=QUIC_BACKENDS, required=True)
-    args = parser.parse_args(argv)
+    args = _arguments("sink", argv, "--pki")
     quic = quic_api(args.backend)
 
     async def main() -> None:
@@ -194,14 +199,7 @@ def star_ingress_bound(run: StreamRun, cores: int) -> float:
 
 def _hub(argv: list[str]) -> int:
     """Answer every leaf once all ``--leaves`` have sent this round's message."""
-    parser = argparse.ArgumentParser(prog="barequic.py hub")
-    parser.add_argument("--pki", type=Path, required=True)
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--datagram", type=int, required=True)
-    parser.add_argument("--leaves", type=int, required=True)
-    parser.add_argument("--rounds", type=int, required=True)
-    parser.add_argument("--backend", choices=QUIC_BACKENDS, required=True)
-    args = parser.parse_args(argv)
+    args = _arguments("hub", argv, "--pki", "--leaves", "--rounds")
     quic = quic_api(args.backend)
 
     async def main() -> None:
@@ -241,12 +239,7 @@ def _hub(argv: list[str]) -> int:
 
 def _leaf(argv: list[str]) -> int:
     """Send ``--rounds`` messages one after another, each when the last was answered."""
-    parser = argparse.ArgumentParser(prog="barequic.py leaf")
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--datagram", type=int, required=True)
-    parser.add_argument("--rounds", type=int, required=True)
-    parser.add_argument("--backend", choices=QUIC_BACKENDS, required=True)
-    args = parser.parse_args(argv)
+    args = _arguments("leaf", argv, "--rounds")
     quic = quic_api(args.backend)
 
     async def main() -> None:

@@ -1,0 +1,57 @@
+"""The floors that run.py prints beside the CPU-bound targets (benchmarks/barequic.py):
+a bare QUIC stream with the CPU each side spent, the share of it a star can reach on a
+given number of cores, and a bare star of round trips.  Small runs on loopback, so the
+harness keeps working; the figures themselves live in BENCHMARKS.md."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import barequic  # benchmarks/ is not a package: found through the path set above
+
+from cco.transport.certs import create_dev_pki
+from cco.wire.registries import Role
+
+
+def _port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> Path:
+    create_dev_pki(tmp_path, [("agg-0", Role.AGGREGATOR)])
+    return tmp_path
+
+
+def test_the_star_bound_is_the_cpu_budget_of_twice_the_bytes() -> None:
+    """A star moves N S up and N S down: at the stream's CPU per byte, two cores
+    that the stream kept both busy reach half its goodput; a cheaper stream, more."""
+    busy = barequic.StreamRun(nbytes=1000, seconds=1.0, sender_cpu=1.0, receiver_cpu=1.0)
+    assert barequic.star_ingress_bound(busy, cores=2) == pytest.approx(0.5)
+    assert barequic.star_ingress_bound(busy, cores=8) == pytest.approx(2.0)
+    light = barequic.StreamRun(nbytes=1000, seconds=1.0, sender_cpu=0.5, receiver_cpu=0.5)
+    assert barequic.star_ingress_bound(light, cores=2) == pytest.approx(1.0)
+
+
+@pytest.mark.timeout(60)
+def test_a_bare_stream_reports_its_bytes_and_both_sides_cpu(pki: Path) -> None:
+    run = barequic.bare_stream(pki, 16000, 1 << 20, "qh3", _port())
+    assert run.nbytes == 1 << 20 and run.seconds > 0 and run.goodput > 0
+    assert run.sender_cpu > 0 and run.receiver_cpu > 0
+
+
+@pytest.mark.timeout(60)
+def test_a_bare_star_answers_every_leaf_every_round(pki: Path) -> None:
+    star = barequic.star_round_trips(pki, leaves=2, rounds=20, datagram=16000, backend="qh3", port=_port())
+    assert len(star["round_seconds"]) == 2 * 19  # the first round of each leaf waits for connections
+    assert all(s > 0 for s in star["round_seconds"])
+    assert star["leaf_cpu_per_round"] > 0 and star["hub_cpu_per_round"] > 0
