@@ -382,6 +382,8 @@ class CcoSettings:
     """Endpoints run through ``untagged.py``: every MAC tag zero (the "tags off" side)."""
     quic_backend: str | None = None
     """Every node's QUIC implementation (``--quic-backend``); None: the node default."""
+    dtype: str | None = None
+    """The endpoints' workload element type (``--dtype``); None: float32, its default."""
 
     @property
     def wan(self) -> bool:
@@ -517,7 +519,8 @@ class CcoCluster:
             time.sleep(0.05)
 
     def run(self, elements: int, rounds: int, timeout: float) -> EndpointRun:
-        """One group of endpoints doing ``rounds`` verified float32 all-reduces.
+        """One group of endpoints doing ``rounds`` verified all-reduces (float32 unless
+        the settings name another dtype).
 
         Raises NetnsError naming every endpoint that failed or did not finish in
         ``timeout`` seconds, with the end of its log.
@@ -537,6 +540,7 @@ class CcoCluster:
             args += ["--rendezvous", self.rendezvous, "--group-id", group_id, "--rank", str(i)]
             args += ["--world-size", str(self.endpoints), "--workload", "allreduce"]
             args += ["--rounds", str(rounds), "--elements", str(elements)]
+            args += ["--dtype", self.settings.dtype] if self.settings.dtype else []
             args += ["--results", str(self.workdir / f"{name}.json"), *self.settings.common_args()]
             namespace = self.star.endpoint_ns[i] if self.star is not None else None
             program = [sys.executable, str(UNTAGGED)] if self.settings.untagged else None
