@@ -37,8 +37,8 @@ def _nearest(exact: Fraction, dtype: DType) -> float | None:
     if dtype is DType.BFLOAT16:
         return _nearest_bfloat16(exact)
     kind = RESULT_TYPE[dtype]
-    guess = kind(float(exact)) if abs(exact) < 2**200 else kind(np.inf) * (1 if exact > 0 else -1)
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore"):  # a sum beyond the type starts from infinity
+        guess = kind(float(exact)) if abs(exact) < 2**200 else kind(np.inf) * (1 if exact > 0 else -1)
         candidates = {guess, np.nextafter(guess, kind(np.inf)), np.nextafter(guess, kind(-np.inf))}
     return _closest(exact, [c for c in candidates if np.isfinite(c)], dtype)
 

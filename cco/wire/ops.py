@@ -101,11 +101,12 @@ def scaling_problem(
     without, at most MAX_ELEMENTS elements of ``limb_count`` positions each.  (Which
     form an operation takes is the endpoints' rule, :func:`sums_exactly`; a chunk of
     the other form has another chunk identifier, so it never combines with theirs.)"""
-    what = f"{dtype.name} {op.name} in {kind.name}"
-    if form(kind, op, dtype) is not Form.BLOCK_SCALED:
-        return f"{what} takes no width, block_elements or scales" if scaled else None
-    if scaled:
+    sum_of_floats = form(kind, op, dtype) is Form.BLOCK_SCALED
+    if sum_of_floats == scaled:  # block-scaled, or no scaling where there is none
         return None
+    what = f"{dtype.name} {op.name} in {kind.name}"
+    if not sum_of_floats:
+        return f"{what} takes no width, block_elements or scales"
     count = limb_count(dtype)
     if total_elements % count or total_elements > MAX_ELEMENTS * count:
         return (
