@@ -14,13 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cco.interop import reference
+from cco.interop import expected, reference
 from cco.wire import cbor
 from cco.wire.dtypes import ELEMENT_TYPES, round_to_bfloat16
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.exact import LIMB_BITS, MAX_ELEMENTS, from_limbs, limb_count, to_limbs
 from cco.wire.payload import ChunkHeader
 from cco.wire.registries import Collective, DType, ReduceOp
+from cco.workload import make_input
 
 FLOATS = [DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32, DType.FLOAT64]
 RESULT_TYPE = {DType.FLOAT16: np.float16, DType.BFLOAT16: np.float32, DType.FLOAT32: np.float32}
@@ -247,3 +248,13 @@ def test_an_exact_chunk_identifier_has_no_scaling() -> None:
     scaled = _exact_header(18, width=4, block_elements=16, scales=b"\x00\x00")
     assert cbor.decode(exact.chunk_id())[6] is None
     assert exact.chunk_id() != scaled.chunk_id()
+
+
+@pytest.mark.parametrize("dtype", [DType.FLOAT16, DType.FLOAT32, DType.FLOAT64])
+@pytest.mark.parametrize("op", [ReduceOp.SUM, ReduceOp.AVG])
+def test_the_interop_runner_expects_what_the_exact_form_gives(dtype: DType, op: ReduceOp) -> None:
+    """cco/interop/expected.py recomputes a small float sum from the reference's
+    definitions (never this codec): both must give the same bits."""
+    inputs = [make_input(expected.SEED, 3, rank, dtype, 7) for rank in range(3)]
+    want = expected.reduce_exact(inputs, dtype, op)
+    assert _reduce(inputs, dtype, 3 if op is ReduceOp.AVG else 1).tobytes() == want.tobytes()

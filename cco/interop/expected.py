@@ -2,8 +2,9 @@
 
 Every rank's input comes from :func:`cco.workload.make_input` (the seed below, the
 round or case index, the rank); the expected results are computed here with
-Python integers and, for float SUM and AVG, with the exact block-scaled
-definitions of the draft (:mod:`cco.interop.reference`: exact rationals), never
+Python integers and, for float SUM and AVG, with the draft's definitions of the
+EXACT form (at most 16 elements) or of block scaling (:mod:`cco.interop.reference`:
+exact rationals), never
 with this implementation's codec, so an implementation whose results match them
 is right whatever produced them.  A result is identified by the SHA-256 of its
 little-endian bytes, which is what endpoints write in their results files.
@@ -63,8 +64,24 @@ def block_scaled(inputs: list[np.ndarray], dtype: DType, op: ReduceOp) -> np.nda
     return np.frombuffer(bytes(out), dtype=np.dtype(inputs[0].dtype).newbyteorder("<")).copy()
 
 
+def exact_limbs(inputs: list[np.ndarray], dtype: DType, op: ReduceOp) -> np.ndarray:
+    """The SUM or AVG of at most 16 elements (the EXACT form): the exact sum of the
+    elements' limbs, rounded once."""
+    divisor = len(inputs) if op is ReduceOp.AVG else 1
+    out = bytearray()
+    for j in range(len(inputs[0])):
+        columns = zip(*(ref.exact_limbs(int(dtype), float(x[j])) for x in inputs), strict=True)
+        element = ref.exact_decode(int(dtype), [sum(column) for column in columns], divisor)
+        if element is None:
+            raise OverflowError(f"element {j} of the expected sum does not fit {dtype.name}")
+        out += element
+    return np.frombuffer(bytes(out), dtype=np.dtype(inputs[0].dtype).newbyteorder("<")).copy()
+
+
 def reduce_exact(inputs: list[np.ndarray], dtype: DType, op: ReduceOp) -> np.ndarray:
     if dtype in OWN_WIDTH and op in (ReduceOp.SUM, ReduceOp.AVG):
+        if len(inputs[0]) <= ref.EXACT_MAX_ELEMENTS:
+            return exact_limbs(inputs, dtype, op)
         return block_scaled(inputs, dtype, op)
     if op in (ReduceOp.MAX, ReduceOp.MIN):
         extreme: np.ndarray = (np.max if op is ReduceOp.MAX else np.min)(np.stack(inputs), axis=0)
