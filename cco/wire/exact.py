@@ -87,10 +87,9 @@ def to_limbs(values: np.ndarray, element: ElementType, first: int = 0) -> np.nda
         values = round_to_bfloat16(np.asarray(values, dtype=np.float32))
     limbs = np.zeros((len(values), count), dtype=np.int64)
     for index, x in enumerate(np.asarray(values, dtype=np.float64).tolist()):
-        if x != x or x in (float("inf"), float("-inf")):
-            raise CcoError(
-                ErrorCode.OVERFLOW, f"element {first + index} is {'NaN' if x != x else 'infinite'}"
-            )
+        if not math.isfinite(x):
+            what = "NaN" if math.isnan(x) else "infinite"
+            raise CcoError(ErrorCode.OVERFLOW, f"element {first + index} is {what}")
         numerator, denominator = x.as_integer_ratio()  # denominator a power of two, at most 2^-e0
         v = abs(numerator) << (shift - denominator.bit_length() + 1)
         sign = -1 if numerator < 0 else 1
@@ -113,14 +112,14 @@ def from_limbs(sums: np.ndarray, element: ElementType, divisor: int = 1) -> np.n
     out = []
     for index, digits in enumerate(np.asarray(sums, dtype=np.int64).reshape(-1, count).tolist()):
         total = sum(d << (LIMB_BITS * k) for k, d in enumerate(digits))
-        value = round_scaled(total, unit, divisor, fmt)
+        value = _round_scaled(total, unit, divisor, fmt)
         if value is None:
             raise CcoError(ErrorCode.OVERFLOW, f"result element {index} does not fit {element.code.name}")
         out.append(value)
     return np.array(out, dtype=element.storage)
 
 
-def round_scaled(total: int, exponent: int, divisor: int, fmt: _Format) -> float | None:
+def _round_scaled(total: int, exponent: int, divisor: int, fmt: _Format) -> float | None:
     """total * 2^exponent / divisor rounded half to even to ``fmt`` (subnormals
     included), as a Python float (exact: every format here is within binary64); None
     if the rounded magnitude exceeds the format's largest finite value."""
