@@ -47,13 +47,8 @@ def _cpu_seconds() -> float:
     return time.process_time()
 
 
-def _window(pki: Path) -> int:
-    window: int = TransportConfig.for_node(pki, "agg-0").receive_window  # as CCO's
-    return window
-
-
 def _server_config(quic: Any, pki: Path, datagram: int) -> Any:
-    window = _window(pki)
+    window: int = TransportConfig.for_node(pki, "agg-0").receive_window  # as CCO's
     config = quic.QuicConfiguration(
         is_client=False,
         alpn_protocols=["bench"],

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import netns
+from run import percentile
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BASELINE_ROUNDS = 10
@@ -35,21 +36,24 @@ def measure(dtype: str, elements: int, rounds: int, workdir: Path) -> dict[str, 
     )
     with netns.CcoCluster(None, workdir, ENDPOINTS, settings) as cluster:
         cluster.start()
-        usage = []
-        for count in (BASELINE_ROUNDS, rounds):
+
+        def timed(count: int) -> tuple[netns.EndpointRun, float]:
             before = cluster.aggregator_usage()["cpu_seconds"]
             run = cluster.run(elements, count, timeout=600)
-            usage.append((count, cluster.aggregator_usage()["cpu_seconds"] - before, sum(run.cpu_seconds)))
-    (short, agg_short, ep_short), (long, agg_long, ep_long) = usage
-    times = sorted(run.round_seconds()[1:])  # the first round also warms up connections
+            return run, cluster.aggregator_usage()["cpu_seconds"] - before
+
+        short, agg_short = timed(BASELINE_ROUNDS)
+        run, agg_long = timed(rounds)
+    extra = rounds - BASELINE_ROUNDS
+    times = run.round_seconds()[1:]  # the first round also warms up connections
     return {
         "dtype": dtype,
         "elements": elements,
         "rounds": rounds,
-        "p50_seconds": times[len(times) // 2],
-        "p99_seconds": times[min(len(times) - 1, round(0.99 * (len(times) - 1)))],
-        "aggregator_cpu_per_round": (agg_long - agg_short) / (long - short),
-        "endpoint_cpu_per_round": (ep_long - ep_short) / ENDPOINTS / (long - short),
+        "p50_seconds": percentile(times, 50),
+        "p99_seconds": percentile(times, 99),
+        "aggregator_cpu_per_round": (agg_long - agg_short) / extra,
+        "endpoint_cpu_per_round": (sum(run.cpu_seconds) - sum(short.cpu_seconds)) / ENDPOINTS / extra,
     }
 
 

@@ -85,7 +85,7 @@ def to_limbs(values: np.ndarray, element: ElementType, first: int = 0) -> np.nda
     count = limb_count(element.code)
     if element.code is DType.BFLOAT16:
         values = round_to_bfloat16(np.asarray(values, dtype=np.float32))
-    limbs = np.zeros((len(values), count), dtype=np.int64)
+    limbs = []
     for index, x in enumerate(np.asarray(values, dtype=np.float64).tolist()):
         if not math.isfinite(x):
             what = "NaN" if math.isnan(x) else "infinite"
@@ -93,9 +93,8 @@ def to_limbs(values: np.ndarray, element: ElementType, first: int = 0) -> np.nda
         numerator, denominator = x.as_integer_ratio()  # denominator a power of two, at most 2^-e0
         v = abs(numerator) << (shift - denominator.bit_length() + 1)
         sign = -1 if numerator < 0 else 1
-        for k in range(count):
-            limbs[index, k] = sign * ((v >> (LIMB_BITS * k)) & _LIMB_MASK)
-    return limbs.reshape(-1)
+        limbs += [sign * ((v >> (LIMB_BITS * k)) & _LIMB_MASK) for k in range(count)]
+    return np.array(limbs, dtype=np.int64)
 
 
 def from_limbs(sums: np.ndarray, element: ElementType, divisor: int = 1) -> np.ndarray:
