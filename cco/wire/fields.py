@@ -124,6 +124,7 @@ class Enum(FieldType[E]):
 
     def __init__(self, enum_type: type[E]) -> None:
         self.enum_type = enum_type
+        self._members = {int(member): member for member in enum_type}  # a lookup, not EnumType.__call__
 
     def to_cbor(self, value: E, where: str) -> CborValue:
         if not isinstance(value, self.enum_type):
@@ -133,10 +134,10 @@ class Enum(FieldType[E]):
     def from_cbor(self, raw: CborValue, where: str) -> E:
         if isinstance(raw, bool) or not isinstance(raw, int):
             raise _invalid(where, f"expected an integer code, got {type(raw).__name__}", False)
-        try:
-            return self.enum_type(raw)
-        except ValueError:
-            raise _invalid(where, f"{raw} is not a registered {self.enum_type.__name__}", False) from None
+        member = self._members.get(raw)
+        if member is None:
+            raise _invalid(where, f"{raw} is not a registered {self.enum_type.__name__}", False)
+        return member
 
 
 class ListOf(FieldType[tuple[T, ...]]):
@@ -201,6 +202,23 @@ def wire(
     return dataclasses.field(default=default, metadata={"wire": spec})
 
 
+class _Plan:
+    """A structure's fields as its codec walks them, worked out once per class: the
+    (name, key, kind, optional) of each in key order, the keys it defines, and each
+    field's name in errors of a top-level structure (built once, not on every call)."""
+
+    __slots__ = ("fields", "known", "labels")
+
+    def __init__(self, cls: type[Struct], specs: tuple[tuple[str, FieldSpec], ...]) -> None:
+        self.fields = tuple((name, spec.key, spec.kind, spec.optional) for name, spec in specs)
+        self.known = frozenset(spec.key for _, spec in specs)
+        self.labels = _labels(cls.__name__, self.fields)
+
+
+def _labels(where: str, fields: tuple[tuple[str, int, FieldType[Any], bool], ...]) -> tuple[str, ...]:
+    return tuple(f"{where}.{name}" for name, _, _, _ in fields)
+
+
 class Struct:
     """Base of every wire structure: a frozen dataclass encoded as an integer-keyed map.
 
@@ -210,6 +228,7 @@ class Struct:
     """
 
     _specs: ClassVar[tuple[tuple[str, FieldSpec], ...]]
+    _plan: ClassVar[_Plan]
 
     @classmethod
     def wire_fields(cls) -> tuple[tuple[str, FieldSpec], ...]:
@@ -228,37 +247,45 @@ class Struct:
             cls._specs = cached
         return cached
 
+    @classmethod
+    def _codec_plan(cls) -> _Plan:
+        plan = cls.__dict__.get("_plan")
+        if plan is None:
+            plan = cls._plan = _Plan(cls, cls.wire_fields())
+        return plan
+
     def to_map(self, where: str | None = None) -> dict[CborKey, CborValue]:
-        where = where or type(self).__name__
-        self.validate(where, encoding=True)
+        plan = self._codec_plan()
+        labels = plan.labels if where is None else _labels(where, plan.fields)
+        self.validate(where or type(self).__name__, encoding=True)
         out: dict[CborKey, CborValue] = {}
-        for name, spec in self.wire_fields():
+        for (name, key, kind, optional), label in zip(plan.fields, labels, strict=True):
             value = getattr(self, name)
             if value is None:
-                if not spec.optional:
-                    raise EncodeError(ErrorCode.MISSING_FIELD, f"{where}.{name} is required")
+                if not optional:
+                    raise EncodeError(ErrorCode.MISSING_FIELD, f"{label} is required")
                 continue
-            out[spec.key] = spec.kind.to_cbor(value, f"{where}.{name}")
+            out[key] = kind.to_cbor(value, label)
         return out
 
     @classmethod
     def from_map(cls: type[S], raw: CborValue, where: str | None = None) -> S:
+        plan = cls._codec_plan()
+        labels = plan.labels if where is None else _labels(where, plan.fields)
         where = where or cls.__name__
         if not isinstance(raw, dict):
             raise DecodeError(ErrorCode.INVALID_FIELD, f"{where}: expected a map, got {type(raw).__name__}")
-        specs = cls.wire_fields()
-        known = {spec.key for _, spec in specs}
-        for key in raw:
-            if key not in known:
-                raise DecodeError(ErrorCode.UNKNOWN_FIELD, f"{where}: key {key!r} is not defined")
+        if not plan.known.issuperset(raw):
+            unknown = next(key for key in raw if key not in plan.known)
+            raise DecodeError(ErrorCode.UNKNOWN_FIELD, f"{where}: key {unknown!r} is not defined")
         values: dict[str, Any] = {}
-        for name, spec in specs:
-            if spec.key not in raw:
-                if not spec.optional:
-                    raise DecodeError(ErrorCode.MISSING_FIELD, f"{where}.{name} (key {spec.key}) is missing")
+        for (name, key, kind, optional), label in zip(plan.fields, labels, strict=True):
+            if key in raw:
+                values[name] = kind.from_cbor(raw[key], label)
+            elif optional:
                 values[name] = None
-                continue
-            values[name] = spec.kind.from_cbor(raw[spec.key], f"{where}.{name}")
+            else:
+                raise DecodeError(ErrorCode.MISSING_FIELD, f"{label} (key {key}) is missing")
         instance = cls(**values)
         instance.validate(where, encoding=False)
         return instance

@@ -481,6 +481,7 @@ MESSAGE_CLASSES: dict[MessageType, type[Message]] = {
     )
 }
 assert set(MESSAGE_CLASSES) == set(MessageType), "every registered type has a class"
+_CLASS_BY_CODE: dict[int, type[Message]] = {int(code): cls for code, cls in MESSAGE_CLASSES.items()}
 
 
 def encode_message(message: Message) -> bytes:
@@ -498,10 +499,7 @@ def decode_message(
     type_code, body = raw
     if isinstance(type_code, bool) or not isinstance(type_code, int):
         raise DecodeError(ErrorCode.INVALID_FIELD, "message type is not an integer")
-    try:
-        cls = MESSAGE_CLASSES[MessageType(type_code)]
-    except ValueError:
-        raise DecodeError(
-            ErrorCode.UNKNOWN_MESSAGE_TYPE, f"message type {type_code} is not registered"
-        ) from None
+    cls = _CLASS_BY_CODE.get(type_code)
+    if cls is None:
+        raise DecodeError(ErrorCode.UNKNOWN_MESSAGE_TYPE, f"message type {type_code} is not registered")
     return cls.from_map(body)
