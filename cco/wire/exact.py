@@ -27,6 +27,7 @@ integers.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -68,6 +69,7 @@ def _unit_exponent(fmt: _Format) -> int:
     return fmt.emin - fmt.precision + 1
 
 
+@functools.cache  # asked for every EXACT chunk's header checks
 def limb_count(dtype: DType) -> int:
     """Wire positions per element: 2 for binary16, 9 for bfloat16 and binary32, 66
     for binary64."""

@@ -12,6 +12,7 @@ dtype) has one wire :class:`Form`.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from enum import Enum
 
@@ -73,6 +74,7 @@ class Form(Enum):
     (:mod:`cco.wire.exact`); no scale pass."""
 
 
+@functools.cache  # a pure function of four enums, asked several times per chunk
 def form(kind: Collective, op: ReduceOp, dtype: DType, exact: bool = False) -> Form:
     """The wire form of a chunk with this kind, op and dtype.  ``exact`` chooses
     between the two forms of a float SUM or AVG reduction: a chunk is EXACT when it
@@ -104,14 +106,13 @@ def scaling_problem(
     sum_of_floats = form(kind, op, dtype) is Form.BLOCK_SCALED
     if sum_of_floats == scaled:  # block-scaled, or no scaling where there is none
         return None
-    what = f"{dtype.name} {op.name} in {kind.name}"
     if not sum_of_floats:
-        return f"{what} takes no width, block_elements or scales"
+        return f"{dtype.name} {op.name} in {kind.name} takes no width, block_elements or scales"
     count = limb_count(dtype)
     if total_elements % count or total_elements > MAX_ELEMENTS * count:
         return (
-            f"{what} without scales is EXACT: total_elements {total_elements} is not a multiple "
-            f"of {count} limbs up to {MAX_ELEMENTS} elements"
+            f"{dtype.name} {op.name} in {kind.name} without scales is EXACT: total_elements "
+            f"{total_elements} is not a multiple of {count} limbs up to {MAX_ELEMENTS} elements"
         )
     return None
 

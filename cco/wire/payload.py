@@ -350,13 +350,18 @@ def check_encoding(message: ChunkMessage, header: ChunkHeader | None = None) -> 
     smallest that holds them (a block-scaled chunk's width is fixed instead, and part
     of its header): a unique encoding, so equal chunks are equal bytes.
     ``INVALID_FIELD`` otherwise."""
-    header = header or ChunkHeader.of(message)
+    return _checked_encoding(message, header or ChunkHeader.of(message))[0]
+
+
+def _checked_encoding(message: ChunkMessage, header: ChunkHeader) -> tuple[np.ndarray, tuple[int, int]]:
+    """:func:`check_encoding`, with the integers' (min, max) found on the way."""
     values = _payload(message, header)
-    if header.width is None and minimal_width(*extremes(values)) != message.width:
+    lo, hi = extremes(values)
+    if header.width is None and minimal_width(lo, hi) != message.width:
         raise CcoError(
             ErrorCode.INVALID_FIELD, f"width {message.width} is not the smallest that holds the chunk"
         )
-    return values
+    return values, (lo, hi)
 
 
 def open_verified(
@@ -389,9 +394,9 @@ def open_verified(
         detail = f"bitmap: unexpected ranks {extra}, missing ranks {missing}{quorum}"
         raise CcoError(ErrorCode.VERIFICATION_FAILED, detail)
 
-    values = check_encoding(message, header)
+    values, (lo, hi) = _checked_encoding(message, header)
     verifiable = OPS[header.op].verifiable
-    if verifiable and not within_bound(*extremes(values)):
+    if verifiable and not within_bound(lo, hi):
         bad = int(np.argmax(np.abs(values.astype(np.int64)) > RANGE_BOUND))
         raise CcoError(ErrorCode.VERIFICATION_FAILED, f"range: integer {bad} leaves [-B, B]")
 
@@ -406,16 +411,18 @@ def open_verified(
     elif message.tag is not None:
         raise CcoError(ErrorCode.INVALID_FIELD, f"{header.op.name} chunks carry no tag")
 
-    result = values[: header.element_count].astype(np.int64)
-    attested = values[header.element_count :]
-    unattested = (attested < 1) | (attested > len(ranks))
-    if unattested.any():
-        bad = int(np.argmax(unattested))
-        raise CcoError(
-            ErrorCode.VERIFICATION_FAILED,
-            f"attestation: block {bad} has {int(attested[bad])} attestations for {len(ranks)} contributors "
-            "(its scale is nobody's proposal)",
-        )
+    elements = header.element_count
+    result = values[:elements].astype(np.int64)
+    attested = values[elements:]  # empty unless block-scaled
+    if len(attested):
+        unattested = (attested < 1) | (attested > len(ranks))
+        if unattested.any():
+            bad = int(np.argmax(unattested))
+            raise CcoError(
+                ErrorCode.VERIFICATION_FAILED,
+                f"attestation: block {bad} has {int(attested[bad])} attestations for {len(ranks)} "
+                "contributors (its scale is nobody's proposal)",
+            )
     if own is not None:
         rank, own_values = own
         if rank not in ranks:
