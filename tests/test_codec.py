@@ -19,9 +19,11 @@ from cco.wire import cbor
 from cco.wire.errors import DecodeError, EncodeError, ErrorCode
 from cco.wire.framing import FrameDecoder, decode_varint, encode_frame, encode_varint
 from cco.wire.messages import (
+    Contribution,
     GroupParams,
     Heartbeat,
     Message,
+    NodeRef,
     Result,
     decode_message,
     encode_message,
@@ -151,6 +153,47 @@ def test_message_level_errors(value: cbor.CborValue, code: ErrorCode) -> None:
     with pytest.raises(DecodeError) as info:
         decode_message(cbor.encode(value))
     assert info.value.code is code
+
+
+@pytest.mark.parametrize(
+    ("value", "code", "detail"),
+    [
+        ([4, {}], ErrorCode.MISSING_FIELD, "Heartbeat.seq (key 1) is missing"),
+        ([4, {1: 1, 9: 0}], ErrorCode.UNKNOWN_FIELD, "Heartbeat: key 9 is not defined"),
+        ([4, {1: "x"}], ErrorCode.INVALID_FIELD, "Heartbeat.seq: expected an integer, got str"),
+        ([4, {1: True}], ErrorCode.INVALID_FIELD, "Heartbeat.seq: expected an integer, got bool"),
+    ],
+)
+def test_decode_errors_name_the_message_and_field(
+    value: cbor.CborValue, code: ErrorCode, detail: str
+) -> None:
+    with pytest.raises(DecodeError) as info:
+        decode_message(cbor.encode(value))
+    assert (info.value.code, info.value.detail) == (code, detail)
+
+
+def test_nested_and_enum_errors_name_the_whole_path() -> None:
+    """A field of a nested structure is named from the outermost message down, and an
+    enum field refuses a code its registry does not have (and a bool for an integer)."""
+    with pytest.raises(DecodeError) as info:
+        NodeRef.from_map({1: "agg-0", 2: {1: "h", 2: 0}, 3: b"\x01"}, "TreeAssignment.parent")
+    assert info.value.detail == "TreeAssignment.parent.address.port: 0 is outside [1, 65535]"
+    body = block_scaled_body()
+    for raw, detail in ((99, "99 is not a registered DType"), (True, "expected an integer code, got bool")):
+        with pytest.raises(DecodeError) as info:
+            Result.from_map({**body, 6: raw})
+        assert (info.value.code, info.value.detail) == (ErrorCode.INVALID_FIELD, f"Result.dtype: {detail}")
+
+
+def test_each_message_class_names_itself_in_errors() -> None:
+    """Contribution and Result share ChunkMessage's fields; each decodes, and is named
+    in its errors, as itself."""
+    body = block_scaled_body()
+    del body[13]
+    for cls in (Contribution, Result):
+        with pytest.raises(DecodeError) as info:
+            cls.from_map(body)
+        assert info.value.detail == f"{cls.__name__}.payload (key 13) is missing"
 
 
 def test_encoder_refuses_invalid_messages() -> None:
