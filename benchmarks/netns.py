@@ -96,8 +96,10 @@ class NetnsError(RuntimeError):
     """A namespace, link or qdisc could not be set up; the message says which command."""
 
 
-def _run(argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(list(argv), capture_output=True, text=True, check=False)
+def _run(
+    argv: Sequence[str], check: bool = True, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(list(argv), capture_output=True, text=True, check=False, cwd=cwd)
     if check and done.returncode != 0:
         raise NetnsError(f"`{' '.join(argv)}` failed ({done.returncode}): {done.stderr.strip()}")
     return done
@@ -435,11 +437,11 @@ class CcoCluster:
 
     def __init__(self, star: Star | None, workdir: Path, endpoints: int, settings: CcoSettings) -> None:
         self.star = star
-        self.workdir = workdir
+        self.workdir = workdir.resolve()  # the nodes run in it: every path they get is absolute
         self.endpoints = endpoints
         self.settings = settings
         self.host = HUB_ADDRESS if star is not None else "127.0.0.1"
-        self.pki = workdir / "pki"
+        self.pki = self.workdir / "pki"
         self._services: list[tuple[str, subprocess.Popen[Any]]] = []
         self._runs = 0
 
@@ -449,7 +451,11 @@ class CcoCluster:
         argv = [*(program or [sys.executable, "-m", "cco.cli"]), *args]
         log = open(self.workdir / f"{name}.log", "w")  # noqa: SIM115 - the child owns it
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        kwargs: dict[str, Any] = {"stdout": log, "stderr": subprocess.STDOUT, "env": env}
+        # Not the caller's directory: `python -m` puts the working directory first on
+        # sys.path, so a node started from a checkout would import that checkout's cco
+        # instead of the one PYTHONPATH or the installation names (an A/B of two
+        # versions would then measure one twice).
+        kwargs: dict[str, Any] = {"stdout": log, "stderr": subprocess.STDOUT, "env": env, "cwd": self.workdir}
         try:
             if self.star is not None and namespace is not None:
                 return self.star.popen(namespace, argv, **kwargs)
@@ -471,7 +477,7 @@ class CcoCluster:
     def start(self, timeout: float = 60.0) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         nodes = ["rendezvous:rendezvous", "agg-0:aggregator"]
-        _run([sys.executable, "-m", "cco.cli", "certs", "--dir", str(self.pki), *nodes])
+        _run([sys.executable, "-m", "cco.cli", "certs", "--dir", str(self.pki), *nodes], cwd=self.workdir)
         hub = self.star.hub_ns if self.star is not None else None
         common = ["--pki-dir", str(self.pki), *self.settings.common_args()]
         rendezvous = f"{self.host}:{RENDEZVOUS_PORT if hub else _free_port()}"
@@ -531,7 +537,7 @@ class CcoCluster:
         # connection keeps its id "already connected" there for up to 3 heartbeats.
         node_ids = [f"r{self._runs}-ep-{i}" for i in range(self.endpoints)]
         certs = ["certs", "--dir", str(self.pki), *(f"{node}:endpoint" for node in node_ids)]
-        _run([sys.executable, "-m", "cco.cli", *certs])
+        _run([sys.executable, "-m", "cco.cli", *certs], cwd=self.workdir)
         started = time.perf_counter()
         processes = []
         for i in range(self.endpoints):

@@ -71,6 +71,23 @@ def test_allreduce_across_the_star(tmp_path: Path) -> None:
         assert link["down_bytes"] > ROUNDS * ELEMENTS * 4
 
 
+def test_nodes_import_the_named_cco_not_the_callers_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Started from a directory holding another ``cco`` (a checkout, in an A/B of two
+    versions) and given a relative workdir, the nodes still import the cco that
+    PYTHONPATH or the installation names: ``python -m`` would put the caller's
+    directory first on sys.path."""
+    decoy = tmp_path / "checkout" / "cco"
+    decoy.mkdir(parents=True)
+    (decoy / "__init__.py").write_text('raise ImportError("the caller\'s checkout was imported")\n')
+    monkeypatch.chdir(decoy.parent)
+    settings = netns.CcoSettings(max_datagram_size=16000)
+    with netns.CcoCluster(None, Path("work"), 1, settings) as cluster:
+        cluster.start(timeout=30)  # both services reach "listening"
+        assert cluster.workdir == decoy.parent / "work"
+
+
 @needs_namespaces
 def test_leftovers_of_a_dead_owner_are_removed() -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
