@@ -256,7 +256,7 @@ class Struct:
 
     def to_map(self, where: str | None = None) -> dict[CborKey, CborValue]:
         plan = self._codec_plan()
-        labels = plan.labels if where is None else _labels(where, plan.fields)
+        labels = _labels(where, plan.fields) if where else plan.labels
         self.validate(where or type(self).__name__, encoding=True)
         out: dict[CborKey, CborValue] = {}
         for (name, key, kind, optional), label in zip(plan.fields, labels, strict=True):
@@ -271,7 +271,7 @@ class Struct:
     @classmethod
     def from_map(cls: type[S], raw: CborValue, where: str | None = None) -> S:
         plan = cls._codec_plan()
-        labels = plan.labels if where is None else _labels(where, plan.fields)
+        labels = _labels(where, plan.fields) if where else plan.labels
         where = where or cls.__name__
         if not isinstance(raw, dict):
             raise DecodeError(ErrorCode.INVALID_FIELD, f"{where}: expected a map, got {type(raw).__name__}")
