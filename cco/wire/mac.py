@@ -28,14 +28,13 @@ from collections.abc import Iterable
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from cco.wire.modp import BLOCK, InnerProduct, P
+from cco.wire.modp import BLOCK, WORD_MASK, InnerProduct, P
 
 KEY_SIZE = 32
 INFO_K1 = b"cco/1 mac k1"
 INFO_K2 = b"cco/1 mac k2"
 _CTR_FROM_ZERO = modes.CTR(bytes(16))
 _ZEROS = bytes(8 * BLOCK)
-_WORD_MASK = (1 << 61) - 1
 
 
 class _Hmac:
@@ -118,12 +117,12 @@ def keystream(key_m: bytes, elements: int) -> bytes:
 def coefficients(keys: GroupKeys, chunk_id: bytes, elements: int) -> list[int]:
     """u_1..u_n as Python integers in [0, p) (for vectors and tests; the hot path streams)."""
     stream = keystream(coefficient_key(keys, chunk_id), elements)
-    return [(int.from_bytes(stream[8 * j : 8 * j + 8], "little") & _WORD_MASK) % P for j in range(elements)]
+    return [(int.from_bytes(stream[8 * j : 8 * j + 8], "little") & WORD_MASK) % P for j in range(elements)]
 
 
 def _pad(mac: _Hmac, rank: int) -> int:
     digest = mac.digest(rank.to_bytes(4, "big"))
-    return (int.from_bytes(digest[:8], "little") & _WORD_MASK) % P
+    return (int.from_bytes(digest[:8], "little") & WORD_MASK) % P
 
 
 def pad(keys: GroupKeys, chunk_id: bytes, rank: int) -> int:

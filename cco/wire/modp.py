@@ -39,7 +39,8 @@ them the dozen numpy calls of the limb path cost more than the products themselv
 (measured on the reference machine: 1.5 against 18 us for two int32 elements, 8 against
 15 us for 32; from about 64 elements numpy is faster)."""
 
-_WORD_MASK = (1 << 61) - 1
+WORD_MASK = (1 << 61) - 1
+"""Keeps a 64-bit keystream word's low 61 bits: w mod 2^61, before the reduction mod p."""
 _LOW_MASK = np.uint64((1 << 32) - 1)
 _HIGH_MASK = np.uint64((1 << 29) - 1)  # bits 32..60 of a word: u is the word mod 2^61
 _HIGH_SHIFT = np.uint64(32)
@@ -82,7 +83,7 @@ class InnerProduct:
             raise ValueError("a block must hold at most BLOCK elements and one word per element")
         if m <= SMALL_BLOCK:
             pairs = zip(words.tolist(), values.tolist(), strict=True)
-            self._total = (self._total + sum((w & _WORD_MASK) * y for w, y in pairs)) % P
+            self._total = (self._total + sum((w & WORD_MASK) * y for w, y in pairs)) % P
             return
         values = np.ascontiguousarray(values)  # the limb views below need one run of memory
         scratch = _scratch
