@@ -1,16 +1,21 @@
 """The machine runner with a scripted machine and in-memory links: no sockets.
 
-What is checked is the runner's own duty between a machine and its links, here
-that a message for a link which closed meanwhile is dropped, as for a departed
-peer, instead of killing the link's task with a traceback (seen in the demo when an
+What is checked is the runner's own duty between a machine and its links: that a
+message for a link which closed meanwhile is dropped, as for a departed peer,
+instead of killing the link's task with a traceback (seen in the demo when an
 endpoint left: the machine closed its parent, then answered a message already
-queued from it).
+queued from it); and that closing the runner waits for connections closed before,
+which may still be flushing (a join refused and retried at once was otherwise
+refused again, as "already connected", by a rendezvous that had not yet seen the
+first connection end).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 
 import pytest
 
@@ -41,6 +46,8 @@ class FakeLink:
         self.inbox: asyncio.Queue[Message | LinkClosed] = asyncio.Queue()
         self.sent: list[Message] = []
         self.closed: tuple[ErrorCode, str] | None = None
+        self.terminated = False
+        self.on_terminated: list[Callable[[], None]] = []
 
     async def receive(self) -> Message:
         item = await self.inbox.get()
@@ -55,6 +62,21 @@ class FakeLink:
 
     def close(self, code: ErrorCode, detail: str) -> None:
         self.closed = (code, detail)
+
+    def add_termination_callback(self, callback: Callable[[], None]) -> None:
+        self.on_terminated.append(callback)
+
+    def terminate(self) -> None:
+        """The QUIC connection's end, which each test decides."""
+        self.terminated = True
+        for callback in self.on_terminated:
+            callback()
+
+    async def wait_closed(self) -> tuple[ErrorCode, str]:
+        while not self.terminated:
+            await asyncio.sleep(0.005)
+        assert self.closed is not None
+        return self.closed
 
 
 class CloseThenAnswer:
@@ -99,8 +121,51 @@ def test_a_message_for_a_link_closed_meanwhile_is_dropped(caplog: pytest.LogCapt
             "PeerDisconnected",
         ], "the link's task lived on to report the disconnection"
         assert machine.seen[-1] == PeerDisconnected(peer=peer, code=ErrorCode.NO_ERROR, detail="done")
+        link.terminate()
         await runner.close()
 
     with caplog.at_level(logging.DEBUG, logger="cco.services.runner"):
         asyncio.run(asyncio.wait_for(scenario(), 10))
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+def test_close_waits_for_a_link_closed_earlier_until_its_connection_ends() -> None:
+    async def scenario() -> None:
+        machine = CloseThenAnswer()
+        runner = MachineRunner(machine, lambda command: None)  # type: ignore[arg-type,return-value]
+        link, other = FakeLink(), FakeLink()
+        runner.attach(link)  # type: ignore[arg-type]
+        runner.attach(other)  # type: ignore[arg-type]
+        link.inbox.put_nowait(Heartbeat(seq=7))  # the machine closes this link
+        link.inbox.put_nowait(LinkClosed(ErrorCode.NO_ERROR, "done"))
+        for _ in range(100):
+            if any(isinstance(event, PeerDisconnected) for event in machine.seen):
+                break
+            await asyncio.sleep(0.01)
+        asyncio.get_running_loop().call_later(0.2, link.terminate)  # still flushing until then
+        asyncio.get_running_loop().call_later(0.05, other.terminate)
+        start = time.monotonic()
+        await runner.close()
+        assert link.terminated and time.monotonic() - start >= 0.15
+        assert other.closed == (ErrorCode.SHUTTING_DOWN, "shutting down")
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))
+
+
+def test_a_link_that_ended_is_not_kept_for_close() -> None:
+    async def scenario() -> None:
+        machine = CloseThenAnswer()
+        runner = MachineRunner(machine, lambda command: None)  # type: ignore[arg-type,return-value]
+        link = FakeLink()
+        runner.attach(link)  # type: ignore[arg-type]
+        link.inbox.put_nowait(LinkClosed(ErrorCode.PEER_LOST, "gone"))
+        for _ in range(100):
+            if any(isinstance(event, PeerDisconnected) for event in machine.seen):
+                break
+            await asyncio.sleep(0.01)
+        link.terminate()
+        start = time.monotonic()
+        await runner.close()
+        assert time.monotonic() - start < 0.1
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))

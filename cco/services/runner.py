@@ -18,7 +18,6 @@ has at most ``window``; so a link's queue stays within window x chunk per group.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -43,6 +42,9 @@ from cco.wire.fields import ranks_from_bitmap
 from cco.wire.messages import EpochChange, TreeAssignment
 
 log = logging.getLogger(__name__)
+
+CLOSE_WAIT = 2.0
+"""Seconds :meth:`MachineRunner.close` waits for the connections to terminate."""
 
 
 class Machine(Protocol):
@@ -82,6 +84,7 @@ class MachineRunner:
         self.on_command = on_command
         self.clock = clock
         self._links: dict[PeerId, PeerLink] = {}
+        self._departing: set[PeerLink] = set()  # gone from _links, connection not yet terminated
         self._tasks: set[asyncio.Task[None]] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_deadline = 0.0  # the machine deadline _timer was armed for
@@ -138,7 +141,16 @@ class MachineRunner:
         finally:
             if self._links.get(peer) is link:
                 del self._links[peer]
+                self._depart(link)
                 self.dispatch(PeerDisconnected(peer=peer, code=code, detail=detail))
+
+    def _depart(self, link: PeerLink) -> None:
+        """Keep a closed link until its connection has terminated, so that
+        :meth:`close` waits for it: until then it may still be flushing what was
+        queued before its CONNECTION_CLOSE, and the peer still counts it connected."""
+        if not link.terminated:
+            self._departing.add(link)
+            link.add_termination_callback(lambda: self._departing.discard(link))
 
     # --- commands ------------------------------------------------------------------
 
@@ -213,7 +225,12 @@ class MachineRunner:
             log.error("runner task failed", exc_info=task.exception())
 
     async def close(self, code: ErrorCode = ErrorCode.SHUTTING_DOWN, detail: str = "shutting down") -> None:
-        """Close every link and stop every task; nothing is dispatched after this starts."""
+        """Close every link and stop every task; nothing is dispatched after this starts.
+
+        Returns once every connection, including those closed earlier (by the machine
+        or the peer), has terminated, or after :data:`CLOSE_WAIT`: a node that
+        connects again at once (after a refused join, say) is then never taken for
+        its old connection."""
         self._closing = True
         if self._timer is not None:
             self._timer.cancel()
@@ -224,7 +241,6 @@ class MachineRunner:
             for task in list(self._tasks):
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        for link in links:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(link.wait_closed(), 2.0)
+        closing = [asyncio.wait_for(link.wait_closed(), CLOSE_WAIT) for link in {*links, *self._departing}]
+        await asyncio.gather(*closing, return_exceptions=True)
         self.closed.set()

@@ -341,6 +341,10 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         self._quic.close(error_code=code, reason_phrase=reason)
         self._schedule_transmit()
 
+    @property
+    def terminated(self) -> bool:
+        return self._terminated.is_set()
+
     async def wait_terminated(self) -> tuple[ErrorCode, str]:
         await self._terminated.wait()
         assert self._close_reason is not None
@@ -621,3 +625,13 @@ class PeerLink:
     async def wait_closed(self) -> tuple[ErrorCode, str]:
         """Wait until the connection has terminated; return why it closed."""
         return await self._protocol.wait_terminated()
+
+    @property
+    def terminated(self) -> bool:
+        """Whether the QUIC connection has fully terminated (a closing one may still
+        be sending what was queued before its CONNECTION_CLOSE)."""
+        return self._protocol.terminated
+
+    def add_termination_callback(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the QUIC connection has fully terminated."""
+        self._protocol.add_termination_callback(callback)
