@@ -56,8 +56,9 @@ unidirectional streams, more as streams end; aioquic allows 128 of each).
 Relies on qh3 internals (checked with 2.1.0, exercised by the transport tests run
 with this backend): ``QuicConnection._create_tls``, ``_drain_core``, ``_core``,
 ``_handshake_complete``, ``_close_event``, ``_record_local_stream``,
-``_log_packets``, ``_quic_logger``, ``QuicTlsBridge.tls``, and the arguments
-qh3's ``_create_tls`` gives the bridge.
+``_log_packets``, ``_quic_logger``, ``QuicTlsBridge.tls``, the arguments
+qh3's ``_create_tls`` gives the bridge, and the core's name for its delayed-ACK
+timer (``"ack_application"``) and its 1 ms delay (item 7; a test checks both).
 """
 
 from __future__ import annotations
