@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from cco.wire.errors import CcoError, ErrorCode
+from cco.wire.fields import Struct, UInt
+from cco.wire.messages import AggregatorRegister, GroupParams, JoinRequest
 
 
 def parse_hostport(text: str) -> tuple[str, int]:
@@ -26,6 +28,12 @@ def parse_hostport(text: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"expected HOST:PORT, got {text!r}")
     return host.strip("[]"), int(port)
+
+
+def _hostport(text: str) -> str:
+    """A ``HOST:PORT`` option: checked when the configuration is read, kept as written."""
+    parse_hostport(text)
+    return text
 
 
 def _bool(text: str) -> bool:
@@ -50,6 +58,19 @@ class Option:
     default: Any
     parse: Callable[[str], Any] = str
     roles: tuple[str, ...] = ("rendezvous", "aggregator", "endpoint")
+    wire: tuple[type[Struct], str] | None = None
+    """The message field that carries this value: its range is the option's, so a node
+    never starts with a value it could not send (and would only learn so later)."""
+
+    @property
+    def bounds(self) -> tuple[int, int] | None:
+        """The inclusive range of ``wire``'s field, if the option has one."""
+        if self.wire is None:
+            return None
+        cls, name = self.wire
+        kind = dict(cls.wire_fields())[name].kind
+        assert isinstance(kind, UInt), f"{cls.__name__}.{name} is not an unsigned integer"
+        return kind.minimum, kind.maximum
 
     @property
     def flag(self) -> str:
@@ -73,22 +94,46 @@ OPTIONS: tuple[Option, ...] = (
     Option("ca", "group CA certificate (PEM); default <pki_dir>/ca.pem", None, Path),
     Option("cert", "this node's certificate (PEM); default <pki_dir>/<node_id>.pem", None, Path),
     Option("key", "this node's private key (PEM); default <pki_dir>/<node_id>.key", None, Path),
-    Option("listen", "HOST:PORT to accept QUIC connections on", "127.0.0.1:4433", str, (R, A)),
-    Option("advertise", "HOST:PORT children should connect to; default: --listen", None, str, (A,)),
-    Option("rendezvous", "HOST:PORT of the rendezvous", "127.0.0.1:4433", str, (A, E)),
+    Option("listen", "HOST:PORT to accept QUIC connections on", "127.0.0.1:4433", _hostport, (R, A)),
+    Option("advertise", "HOST:PORT children should connect to; default: --listen", None, _hostport, (A,)),
+    Option("rendezvous", "HOST:PORT of the rendezvous", "127.0.0.1:4433", _hostport, (A, E)),
     Option("rendezvous_id", "node id the rendezvous certificate must carry", "rendezvous", str, (A, E)),
     Option("labels", "comma-separated location labels used for tree planning", (), _labels, (A, E)),
-    Option("capacity", "groups this aggregator serves at once", 16, int, (A,)),
-    Option("max_fan_in", "children one aggregator accepts per group", 8, int, (A,)),
-    Option("chunk_elements", "elements per chunk for new groups", 32768, int, (R,)),
-    Option("window", "chunks in flight per operation for new groups", 3, int, (R,)),
-    Option("heartbeat_ms", "heartbeat interval in milliseconds", 1000, int, (R,)),
+    Option(
+        "capacity", "groups this aggregator serves at once", 16, int, (A,), (AggregatorRegister, "capacity")
+    ),
+    Option(
+        "max_fan_in",
+        "children one aggregator accepts per group",
+        8,
+        int,
+        (A,),
+        (AggregatorRegister, "max_fan_in"),
+    ),
+    Option(
+        "chunk_elements",
+        "elements per chunk for new groups",
+        32768,
+        int,
+        (R,),
+        (GroupParams, "chunk_elements"),
+    ),
+    Option("window", "chunks in flight per operation for new groups", 3, int, (R,), (GroupParams, "window")),
+    Option(
+        "heartbeat_ms",
+        "heartbeat interval in milliseconds",
+        1000,
+        int,
+        (R,),
+        (GroupParams, "heartbeat_interval_ms"),
+    ),
     Option(
         "operation_timeout_ms",
         "milliseconds a collective may go without progress (a slot at an aggregator, a chunk at an endpoint)",
         30_000,
         int,
         (R,),
+        (GroupParams, "operation_timeout_ms"),
     ),
     Option(
         "dynamic_groups",
@@ -115,9 +160,11 @@ OPTIONS: tuple[Option, ...] = (
         (R,),
     ),
     Option("group_id", "group to join (32 hex digits)", None, str, (R, E)),
-    Option("world_size", "members in the group", None, int, (R, E)),
+    Option("world_size", "members in the group", None, int, (R, E), (JoinRequest, "world_size")),
     Option("credential", "group join credential (text)", "", str, (R, E)),
-    Option("rank", "rank to request; default: assigned by the rendezvous", None, int, (E,)),
+    Option(
+        "rank", "rank to request; default: assigned by the rendezvous", None, int, (E,), (JoinRequest, "rank")
+    ),
     Option("rounds", "endpoint workload: all-reduce rounds to run", 3, int, (E,)),
     Option("elements", "endpoint workload: elements per all-reduce", 1 << 16, int, (E,)),
     Option(
@@ -206,13 +253,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="TOML file with options (env CCO_CONFIG)")
     for option in OPTIONS:
         roles = "" if len(option.roles) == 3 else f" [{'/'.join(option.roles)}]"
+        bounds = "" if option.bounds is None else f" ({option.bounds[0]} to {option.bounds[1]})"
         default = "" if option.default in (None, ()) else f" (default: {option.default})"
         parser.add_argument(
             option.flag,
             dest=option.name,
             default=None,
             metavar=option.name.upper(),
-            help=f"{option.help}{roles}{default}; env {option.env}",
+            help=f"{option.help}{roles}{bounds}{default}; env {option.env}",
         )
 
 
@@ -248,7 +296,16 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
             values[option.name] = option.default
             continue
         try:
-            values[option.name] = option.parse(raw)
+            value = option.parse(raw)
         except ValueError as exc:
             raise CcoError(ErrorCode.INVALID_FIELD, f"{source}: {exc}") from exc
+        bounds = option.bounds
+        if bounds is not None and not bounds[0] <= value <= bounds[1]:
+            assert option.wire is not None
+            raise CcoError(
+                ErrorCode.INVALID_FIELD,
+                f"{source}: {value} is outside [{bounds[0]}, {bounds[1]}], the range of "
+                f"{option.wire[0].__name__}.{option.wire[1]} on the wire",
+            )
+        values[option.name] = value
     return NodeConfig(role=role, values=values)

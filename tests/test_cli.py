@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cco.cli import main, node_parser
-from cco.config import OPTIONS, resolve
+from cco.config import OPTIONS, Option, resolve
 from cco.transport import identity_from_certificate
 from cco.transport.certs import load_certificate
 from cco.wire.errors import CcoError
@@ -48,6 +48,45 @@ def test_config_errors_name_their_source(tmp_path: Path) -> None:
         _resolve([])
 
 
+BOUNDED = [option for option in OPTIONS if option.wire is not None]
+
+
+@pytest.mark.parametrize("option", BOUNDED, ids=[option.name for option in BOUNDED])
+def test_a_value_the_wire_cannot_carry_is_refused_naming_its_source(option: Option, tmp_path: Path) -> None:
+    """Each bounded option takes exactly its message field's range: both ends are
+    accepted, one beyond either end is refused, from a flag, the environment or the
+    config file alike."""
+    cls, field = option.wire  # type: ignore[misc]
+    kind = dict(cls.wire_fields())[field].kind
+    low, high = option.bounds  # type: ignore[misc]
+    assert (low, high) == (kind.minimum, kind.maximum)
+    role = option.roles[0]
+    for value in (low, high):
+        assert getattr(_resolve(["--role", role, option.flag, str(value)]), option.name) == value
+    config = tmp_path / "node.toml"
+    config.write_text(f'role = "{role}"\n{option.name} = {high + 1}\n')
+    for argv, environ, source in (
+        (["--role", role, option.flag, str(low - 1)], {}, option.flag),
+        (["--role", role], {option.env: str(high + 1)}, option.env),
+        (["--config", str(config)], {}, f"{config}:{option.name}"),
+    ):
+        with pytest.raises(CcoError) as info:
+            _resolve(argv, environ)
+        assert info.value.detail.startswith(f"{source}: ")
+        assert f"outside [{low}, {high}]" in info.value.detail
+        assert f"{cls.__name__}.{field}" in info.value.detail
+
+
+@pytest.mark.parametrize("name", ["listen", "advertise", "rendezvous"])
+def test_addresses_are_checked_when_the_configuration_is_read(name: str) -> None:
+    flag = "--" + name
+    assert getattr(_resolve(["--role", "aggregator", flag, "[::1]:4433"]), name) == "[::1]:4433"
+    for bad in ("nonsense", "host:0", "host:65536", ":4433"):
+        with pytest.raises(CcoError) as info:
+            _resolve(["--role", "aggregator", flag, bad])
+        assert info.value.detail.startswith(f"{flag}: expected HOST:PORT")
+
+
 def test_help_documents_every_option() -> None:
     text = node_parser().format_help()
     for option in OPTIONS:
@@ -69,6 +108,10 @@ def test_certs_command_writes_a_pki(tmp_path: Path, capsys: pytest.CaptureFixtur
         ["--role", "endpoint", "--node-id", "ep-0"],  # no credentials, no group
         ["--role", "aggregator", "--node-id", "agg-1", "--pki-dir", "{pki}", "--quic-backend", "quiche"],
         ["--role", "aggregator", "--node-id", "agg-1", "--pki-dir", "{pki}", "--max-datagram-size", "70000"],
+        # an aggregator with a malformed address or a fan-in it could never register
+        # (it used to die with a traceback, or retry forever as "rendezvous unreachable")
+        ["--role", "aggregator", "--node-id", "agg-1", "--pki-dir", "{pki}", "--listen", "nonsense"],
+        ["--role", "aggregator", "--node-id", "agg-1", "--pki-dir", "{pki}", "--max-fan-in", "1"],
     ],
 )
 def test_usage_errors_are_one_line_with_status_2(

@@ -117,10 +117,7 @@ async def run_rendezvous(cfg: NodeConfig) -> int:
     announced; a store that cannot be written stops the rendezvous with status 1
     (its peers come back to the next one, which starts from the last saved state)."""
     node_id = cfg.require("node_id")
-    try:
-        host, port = parse_hostport(cfg.listen)
-    except ValueError as exc:
-        raise CcoError(ErrorCode.INVALID_FIELD, f"--listen: {exc}") from None
+    host, port = parse_hostport(cfg.listen)  # checked when the configuration was read
     params = GroupParams(
         chunk_elements=cfg.chunk_elements,
         window=cfg.window,
@@ -185,10 +182,8 @@ async def run_rendezvous(cfg: NodeConfig) -> int:
 
 
 async def run_aggregator(cfg: NodeConfig) -> int:
-    host, port = parse_hostport(cfg.listen)
+    host, port = parse_hostport(cfg.listen)  # both checked when the configuration was read
     adv_host, adv_port = parse_hostport(cfg.advertise or cfg.listen)
-    if port == 0 or adv_port == 0:
-        raise CcoError(ErrorCode.INVALID_FIELD, "an aggregator needs a fixed --listen/--advertise port")
     machine = AggregatorMachine(
         AggregatorConfig(
             address=Address(host=adv_host, port=adv_port),
