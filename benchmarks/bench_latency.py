@@ -1,14 +1,16 @@
 """Small-operation latency on loopback, by element type, with the CPU each round costs.
 
-The 8-byte case of ``run.py --quick`` (four endpoints and one aggregator as separate
-``cco-node`` processes on 127.0.0.1, the endpoints' ``allreduce`` workload, times the
-slowest rank's per round), run for several dtypes in turn so their figures come from
-the same minutes: a float SUM of at most 16 elements is EXACT (one pass), int32 its
-integer counterpart.  Prints p50 and p99 and the aggregator's and each endpoint's CPU
-per round (a run of 10 rounds subtracted from the measured one, which removes start-up
-and joining), and writes JSON.
+The 8-byte case of ``run.py --quick`` (four endpoints, or ``--endpoints``, and one
+aggregator as separate ``cco-node`` processes on 127.0.0.1, the endpoints'
+``allreduce`` workload, times the slowest rank's per round), run for several dtypes
+and group sizes in turn so their figures come from the same minutes: a float SUM of
+at most 16 elements is EXACT (one pass), int32 its integer counterpart.  Prints p50
+and p99 and the aggregator's and each endpoint's CPU per round (a run of 10 rounds
+subtracted from the measured one, which removes start-up and joining), and writes
+JSON.
 
     python benchmarks/bench_latency.py --dtypes float32 int32 --rounds 300 --repeats 2
+    python benchmarks/bench_latency.py --dtypes float32 --endpoints 1 2 4   # how it scales
 """
 
 from __future__ import annotations
@@ -26,15 +28,14 @@ from run import percentile
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BASELINE_ROUNDS = 10
-ENDPOINTS = 4
 
 
-def measure(dtype: str, elements: int, rounds: int, workdir: Path) -> dict[str, Any]:
+def measure(dtype: str, elements: int, rounds: int, endpoints: int, workdir: Path) -> dict[str, Any]:
     """One cluster: a short run, then ``rounds`` rounds; per-round figures of the second."""
     settings = netns.CcoSettings(
         max_datagram_size=16000, operation_timeout_ms=600_000, heartbeat_ms=20_000, dtype=dtype
     )
-    with netns.CcoCluster(None, workdir, ENDPOINTS, settings) as cluster:
+    with netns.CcoCluster(None, workdir, endpoints, settings) as cluster:
         cluster.start()
 
         def timed(count: int) -> tuple[netns.EndpointRun, float]:
@@ -48,12 +49,13 @@ def measure(dtype: str, elements: int, rounds: int, workdir: Path) -> dict[str, 
     times = run.round_seconds()[1:]  # the first round also warms up connections
     return {
         "dtype": dtype,
+        "endpoints": endpoints,
         "elements": elements,
         "rounds": rounds,
         "p50_seconds": percentile(times, 50),
         "p99_seconds": percentile(times, 99),
         "aggregator_cpu_per_round": (agg_long - agg_short) / extra,
-        "endpoint_cpu_per_round": (sum(run.cpu_seconds) - sum(short.cpu_seconds)) / ENDPOINTS / extra,
+        "endpoint_cpu_per_round": (sum(run.cpu_seconds) - sum(short.cpu_seconds)) / endpoints / extra,
     }
 
 
@@ -64,25 +66,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtypes", nargs="+", default=["float32", "int32"], help="workload element types")
     parser.add_argument("--elements", type=int, default=2, help="elements per rank (2 float32: 8 bytes)")
     parser.add_argument("--rounds", type=int, default=300)
+    parser.add_argument(
+        "--endpoints", type=int, nargs="+", default=[4], help="group sizes (endpoint processes), alternated"
+    )
     parser.add_argument("--repeats", type=int, default=2, help="passes over the dtypes, alternated")
     parser.add_argument("--out", type=Path, default=RESULTS / "latency.json")
     args = parser.parse_args(argv)
     results = []
     with tempfile.TemporaryDirectory(prefix="cco-latency-") as tmp:
         for repeat in range(args.repeats):
-            for dtype in args.dtypes:
-                result = measure(dtype, args.elements, args.rounds, Path(tmp) / f"{dtype}-{repeat}")
+            for dtype, endpoints in [(d, n) for d in args.dtypes for n in args.endpoints]:
+                workdir = Path(tmp) / f"{dtype}-{endpoints}-{repeat}"
+                result = measure(dtype, args.elements, args.rounds, endpoints, workdir)
                 results.append(result)
                 print(
-                    f"{dtype:8} p50 {result['p50_seconds'] * 1e3:6.2f} ms"
+                    f"{dtype:8} N={endpoints}  p50 {result['p50_seconds'] * 1e3:6.2f} ms"
                     f"  p99 {result['p99_seconds'] * 1e3:6.2f} ms  CPU per round:"
                     f" aggregator {result['aggregator_cpu_per_round'] * 1e3:5.2f} ms,"
                     f" endpoint {result['endpoint_cpu_per_round'] * 1e3:5.2f} ms",
                     flush=True,
                 )
-    for dtype in args.dtypes:
-        p50s = [r["p50_seconds"] * 1e3 for r in results if r["dtype"] == dtype]
-        print(f"{dtype:8} median p50 over {len(p50s)} runs: {statistics.median(p50s):.2f} ms")
+    for dtype, endpoints in [(d, n) for d in args.dtypes for n in args.endpoints]:
+        p50s = [r["p50_seconds"] * 1e3 for r in results if (r["dtype"], r["endpoints"]) == (dtype, endpoints)]
+        print(f"{dtype:8} N={endpoints}  median p50 over {len(p50s)} runs: {statistics.median(p50s):.2f} ms")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"results": results}, indent=2) + "\n")
     print(f"wrote {args.out}")

@@ -493,7 +493,9 @@ class CcoCluster:
         self._wait_listening("rendezvous", timeout)
         self.rendezvous = rendezvous
         aggregator_args = ["--role", "aggregator", "--node-id", "agg-0", "--listen", listen]
-        aggregator_args += ["--rendezvous", rendezvous, "--max-fan-in", str(self.endpoints)]
+        # every endpoint a child of the one aggregator (the protocol's least fan-in is 2)
+        fan_in = max(2, self.endpoints)
+        aggregator_args += ["--rendezvous", rendezvous, "--max-fan-in", str(fan_in)]
         if self.settings.wan:
             # Endpoints are told the relay's address; the relay forwards to the aggregator.
             relayed = f"{self.host}:{RELAY_PORT if hub else _free_port()}"
