@@ -61,6 +61,8 @@ class Option:
     wire: tuple[type[Struct], str] | None = None
     """The message field that carries this value: its range is the option's, so a node
     never starts with a value it could not send (and would only learn so later)."""
+    minimum: int | None = None
+    """For a count or a duration that is not sent: the least value that means anything."""
 
     @property
     def bounds(self) -> tuple[int, int] | None:
@@ -158,6 +160,7 @@ OPTIONS: tuple[Option, ...] = (
         None,
         int,
         (R,),
+        minimum=0,
     ),
     Option("group_id", "group to join (32 hex digits)", None, str, (R, E)),
     Option("world_size", "members in the group", None, int, (R, E), (JoinRequest, "world_size")),
@@ -165,8 +168,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "rank", "rank to request; default: assigned by the rendezvous", None, int, (E,), (JoinRequest, "rank")
     ),
-    Option("rounds", "endpoint workload: all-reduce rounds to run", 3, int, (E,)),
-    Option("elements", "endpoint workload: elements per all-reduce", 1 << 16, int, (E,)),
+    Option("rounds", "endpoint workload: all-reduce rounds to run", 3, int, (E,), minimum=0),
+    Option("elements", "endpoint workload: elements per all-reduce", 1 << 16, int, (E,), minimum=0),
     Option(
         "workload", "endpoint workload: 'allreduce' rounds or the 'conformance' suite", "allreduce", str, (E,)
     ),
@@ -191,6 +194,7 @@ OPTIONS: tuple[Option, ...] = (
         None,
         int,
         (E,),
+        minimum=1,
     ),
     Option(
         "quorum_wait_ms",
@@ -198,6 +202,7 @@ OPTIONS: tuple[Option, ...] = (
         200,
         int,
         (E,),
+        minimum=0,
     ),
     Option(
         "results",
@@ -253,7 +258,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="TOML file with options (env CCO_CONFIG)")
     for option in OPTIONS:
         roles = "" if len(option.roles) == 3 else f" [{'/'.join(option.roles)}]"
-        bounds = "" if option.bounds is None else f" ({option.bounds[0]} to {option.bounds[1]})"
+        if option.bounds is not None:
+            bounds = f" ({option.bounds[0]} to {option.bounds[1]})"
+        else:
+            bounds = "" if option.minimum is None else f" (at least {option.minimum})"
         default = "" if option.default in (None, ()) else f" (default: {option.default})"
         parser.add_argument(
             option.flag,
@@ -307,5 +315,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
                 f"{source}: {value} is outside [{bounds[0]}, {bounds[1]}], the range of "
                 f"{option.wire[0].__name__}.{option.wire[1]} on the wire",
             )
+        if option.minimum is not None and value < option.minimum:
+            raise CcoError(ErrorCode.INVALID_FIELD, f"{source}: {value} is below {option.minimum}")
         values[option.name] = value
     return NodeConfig(role=role, values=values)

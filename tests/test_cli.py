@@ -77,6 +77,27 @@ def test_a_value_the_wire_cannot_carry_is_refused_naming_its_source(option: Opti
         assert f"{cls.__name__}.{field}" in info.value.detail
 
 
+FLOORED = [option for option in OPTIONS if option.minimum is not None]
+
+
+@pytest.mark.parametrize("option", FLOORED, ids=[option.name for option in FLOORED])
+def test_a_count_below_its_least_meaningful_value_is_refused(option: Option) -> None:
+    """Counts and durations that are not sent (workload rounds and elements, quorum,
+    grace periods) are refused below their minimum when read, not after joining (a
+    negative --elements used to end an endpoint in a numpy traceback)."""
+    assert option.minimum is not None
+    role = option.roles[0]
+    resolved = _resolve(["--role", role, option.flag, str(option.minimum)])
+    assert getattr(resolved, option.name) == option.minimum
+    with pytest.raises(CcoError) as info:
+        _resolve(["--role", role], {option.env: str(option.minimum - 1)})
+    assert info.value.detail == f"{option.env}: {option.minimum - 1} is below {option.minimum}"
+    text = " ".join(node_parser().format_help().split())
+    start = text.index(f"{option.flag} {option.name.upper()} ")
+    entry = text[start : text.index(f"env {option.env}", start)]
+    assert f"(at least {option.minimum})" in entry
+
+
 @pytest.mark.parametrize("name", ["listen", "advertise", "rendezvous"])
 def test_addresses_are_checked_when_the_configuration_is_read(name: str) -> None:
     flag = "--" + name
