@@ -102,7 +102,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("rendezvous_id", "node id the rendezvous certificate must carry", "rendezvous", str, (A, E)),
     Option("labels", "comma-separated location labels used for tree planning", (), _labels, (A, E)),
     Option(
-        "capacity", "groups this aggregator serves at once", 16, int, (A,), (AggregatorRegister, "capacity")
+        "capacity",
+        "groups this aggregator serves at once",
+        16,
+        int,
+        (A,),
+        wire=(AggregatorRegister, "capacity"),
     ),
     Option(
         "max_fan_in",
@@ -110,7 +115,7 @@ OPTIONS: tuple[Option, ...] = (
         8,
         int,
         (A,),
-        (AggregatorRegister, "max_fan_in"),
+        wire=(AggregatorRegister, "max_fan_in"),
     ),
     Option(
         "chunk_elements",
@@ -118,16 +123,18 @@ OPTIONS: tuple[Option, ...] = (
         32768,
         int,
         (R,),
-        (GroupParams, "chunk_elements"),
+        wire=(GroupParams, "chunk_elements"),
     ),
-    Option("window", "chunks in flight per operation for new groups", 3, int, (R,), (GroupParams, "window")),
+    Option(
+        "window", "chunks in flight per operation for new groups", 3, int, (R,), wire=(GroupParams, "window")
+    ),
     Option(
         "heartbeat_ms",
         "heartbeat interval in milliseconds",
         1000,
         int,
         (R,),
-        (GroupParams, "heartbeat_interval_ms"),
+        wire=(GroupParams, "heartbeat_interval_ms"),
     ),
     Option(
         "operation_timeout_ms",
@@ -135,7 +142,7 @@ OPTIONS: tuple[Option, ...] = (
         30_000,
         int,
         (R,),
-        (GroupParams, "operation_timeout_ms"),
+        wire=(GroupParams, "operation_timeout_ms"),
     ),
     Option(
         "dynamic_groups",
@@ -163,10 +170,15 @@ OPTIONS: tuple[Option, ...] = (
         minimum=0,
     ),
     Option("group_id", "group to join (32 hex digits)", None, str, (R, E)),
-    Option("world_size", "members in the group", None, int, (R, E), (JoinRequest, "world_size")),
+    Option("world_size", "members in the group", None, int, (R, E), wire=(JoinRequest, "world_size")),
     Option("credential", "group join credential (text)", "", str, (R, E)),
     Option(
-        "rank", "rank to request; default: assigned by the rendezvous", None, int, (E,), (JoinRequest, "rank")
+        "rank",
+        "rank to request; default: assigned by the rendezvous",
+        None,
+        int,
+        (E,),
+        wire=(JoinRequest, "rank"),
     ),
     Option("rounds", "endpoint workload: all-reduce rounds to run", 3, int, (E,), minimum=0),
     Option("elements", "endpoint workload: elements per all-reduce", 1 << 16, int, (E,), minimum=0),
