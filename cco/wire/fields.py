@@ -212,11 +212,15 @@ class _Plan:
     def __init__(self, cls: type[Struct], specs: tuple[tuple[str, FieldSpec], ...]) -> None:
         self.fields = tuple((name, spec.key, spec.kind, spec.optional) for name, spec in specs)
         self.known = frozenset(spec.key for _, spec in specs)
-        self.labels = _labels(cls.__name__, self.fields)
+        self.labels = self._named(cls.__name__)
 
+    def labels_in(self, where: str | None) -> tuple[str, ...]:
+        """Each field's name in errors: under ``where`` for a nested structure, else the
+        top-level names built once."""
+        return self._named(where) if where else self.labels
 
-def _labels(where: str, fields: tuple[tuple[str, int, FieldType[Any], bool], ...]) -> tuple[str, ...]:
-    return tuple(f"{where}.{name}" for name, _, _, _ in fields)
+    def _named(self, where: str) -> tuple[str, ...]:
+        return tuple(f"{where}.{name}" for name, _, _, _ in self.fields)
 
 
 class Struct:
@@ -256,7 +260,7 @@ class Struct:
 
     def to_map(self, where: str | None = None) -> dict[CborKey, CborValue]:
         plan = self._codec_plan()
-        labels = _labels(where, plan.fields) if where else plan.labels
+        labels = plan.labels_in(where)
         self.validate(where or type(self).__name__, encoding=True)
         out: dict[CborKey, CborValue] = {}
         for (name, key, kind, optional), label in zip(plan.fields, labels, strict=True):
@@ -271,7 +275,7 @@ class Struct:
     @classmethod
     def from_map(cls: type[S], raw: CborValue, where: str | None = None) -> S:
         plan = cls._codec_plan()
-        labels = _labels(where, plan.fields) if where else plan.labels
+        labels = plan.labels_in(where)
         where = where or cls.__name__
         if not isinstance(raw, dict):
             raise DecodeError(ErrorCode.INVALID_FIELD, f"{where}: expected a map, got {type(raw).__name__}")

@@ -107,14 +107,19 @@ def scaling_problem(
     if sum_of_floats == scaled:  # block-scaled, or no scaling where there is none
         return None
     if not sum_of_floats:
-        return f"{dtype.name} {op.name} in {kind.name} takes no width, block_elements or scales"
+        return f"{_described(kind, op, dtype)} takes no width, block_elements or scales"
     count = limb_count(dtype)
     if total_elements % count or total_elements > MAX_ELEMENTS * count:
         return (
-            f"{dtype.name} {op.name} in {kind.name} without scales is EXACT: total_elements "
+            f"{_described(kind, op, dtype)} without scales is EXACT: total_elements "
             f"{total_elements} is not a multiple of {count} limbs up to {MAX_ELEMENTS} elements"
         )
     return None
+
+
+def _described(kind: Collective, op: ReduceOp, dtype: DType) -> str:
+    """The operation as errors name it; formatted only when there is an error to report."""
+    return f"{dtype.name} {op.name} in {kind.name}"
 
 
 def check_operation(kind: Collective, op: ReduceOp, dtype: DType, total_elements: int) -> None:
