@@ -192,10 +192,18 @@ class Operation:
             blocks = scaling.blocks(self.chunk_elements, index, stop - start)
             scales = scaling.agreed[blocks]
             element = ELEMENT_TYPES[self.dtype]
-            data = blockscale.quantize(
-                self.source[start:stop], element, scales, scaling.block_elements, scaling.limit, first=start
+            chunk = np.empty(stop - start + len(scales), dtype=np.int64)
+            blockscale.quantize(
+                self.source[start:stop],
+                element,
+                scales,
+                scaling.block_elements,
+                scaling.limit,
+                first=start,
+                out=chunk[: stop - start],
             )
-            return np.concatenate([data, blockscale.attestations(scaling.proposals[blocks], scales)])
+            chunk[stop - start :] = blockscale.attestations(scaling.proposals[blocks], scales)
+            return chunk
         first, last = max(start, self.placed.start), min(stop, self.placed.stop)
         if (first, last) == (start, stop):
             return self._encode(start - self.placed.start, stop - self.placed.start)

@@ -76,11 +76,9 @@ def _float_limit(limit: int) -> float:
     return bound if bound <= limit else float(np.nextafter(bound, 0.0))
 
 
-def _wide(values: np.ndarray, element: ElementType) -> np.ndarray:
-    """A binary64 copy of ``values`` (exact), bfloat16 inputs first rounded to bfloat16."""
-    if element.code is DType.BFLOAT16:
-        values = round_to_bfloat16(values)
-    return np.array(values, dtype=np.float64)
+def _own_type(values: np.ndarray, element: ElementType) -> np.ndarray:
+    """``values`` in their own floating type, bfloat16 inputs first rounded to bfloat16."""
+    return round_to_bfloat16(values) if element.code is DType.BFLOAT16 else values
 
 
 def _check_finite(values: np.ndarray, first: int) -> None:
@@ -98,11 +96,15 @@ def propose(
     round_half_even(M * 2^s) <= ``limit``, M being the block's largest |x|; SCALE_MAX
     for a block of zeros.  OVERFLOW for NaN or an infinity (``first`` is the tensor
     position of ``values[0]``, for the message)."""
-    wide = _wide(values, element)
-    _check_finite(wide, first)
-    if len(wide) == 0:
+    values = _own_type(values, element)
+    if len(values) == 0:
         return np.zeros(0, dtype=np.int16)
-    maxima = np.maximum.reduceat(np.abs(wide), np.arange(0, len(wide), block_elements))
+    # |x| and the block maxima are exact in the values' own type, so only the
+    # maxima are widened (a binary64 copy of the chunk cost as much again)
+    maxima = np.maximum.reduceat(np.abs(values), np.arange(0, len(values), block_elements))
+    maxima = maxima.astype(np.float64)
+    if not np.isfinite(maxima).all():  # a NaN or an infinity is its block's maximum
+        _check_finite(values, first)
     _, exponent = np.frexp(maxima)  # maxima = f * 2^exponent, 0.5 <= f < 1
     top = limit.bit_length() - 1  # 2^top <= limit < 2^(top + 1)
     scales = (top + 1) - exponent.astype(np.int64)  # maxima * 2^scales in [2^top, 2^(top + 1))
@@ -127,23 +129,34 @@ _NORMAL_POWERS = 1022
 """2^s is a normal binary64 number for |s| <= 1022."""
 
 
-def _times_power_of_two(values: np.ndarray, scales: np.ndarray, block_elements: int) -> np.ndarray:
+def _times_power_of_two(
+    values: np.ndarray, scales: np.ndarray, block_elements: int, out: np.ndarray
+) -> np.ndarray:
     """values * 2^s_b, element by element, correctly rounded (exact unless the product
-    leaves binary64's normal range), overwriting the binary64 array ``values``.
+    leaves binary64's normal range), written to the binary64 array ``out`` (which may
+    be ``values`` itself).
 
-    Multiplying by a normal power of two rounds exactly as ``ldexp`` does, and a
-    block-wise broadcast needs no per-element exponent array; ``ldexp`` remains for
-    the rare scales whose power of two is not a normal number."""
+    ``values`` are converted to binary64 on the way, as ``astype`` does (exactly for
+    floats, and for integers of at most 53 bits).  Multiplying by a normal power of
+    two rounds exactly as ``ldexp`` does, and a block-wise broadcast needs no
+    per-element exponent array; ``ldexp`` remains for the rare scales whose power of
+    two is not a normal number."""
     scales = np.asarray(scales, dtype=np.int64)
     if len(scales) and int(np.abs(scales).max()) > _NORMAL_POWERS:
-        exact: np.ndarray = np.ldexp(values, _per_element(scales, block_elements, len(values)))
+        np.copyto(out, values)
+        exact: np.ndarray = np.ldexp(out, _per_element(scales, block_elements, len(out)), out=out)
         return exact
     factors = np.ldexp(1.0, scales)
     whole = len(values) // block_elements
-    values[: whole * block_elements].reshape(whole, block_elements)[...] *= factors[:whole, None]
+    cut = whole * block_elements
+    np.multiply(
+        values[:cut].reshape(whole, block_elements),
+        factors[:whole, None],
+        out=out[:cut].reshape(whole, block_elements),
+    )
     if whole < len(factors):
-        values[whole * block_elements :] *= factors[whole]
-    return values
+        np.multiply(values[cut:], factors[whole], out=out[cut:])
+    return out
 
 
 def quantize(
@@ -153,25 +166,30 @@ def quantize(
     block_elements: int,
     limit: int,
     first: int = 0,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """round_half_even(x * 2^s_b) for every element as int64; OVERFLOW if a value is
-    not finite or leaves [-limit, limit] (an input changed since it was proposed)."""
-    wide = _wide(values, element)
-    if len(scales) != block_count(len(wide), block_elements):
-        raise CcoError(ErrorCode.INVALID_FIELD, f"{len(scales)} scales for {len(wide)} elements")
+    """round_half_even(x * 2^s_b) for every element as int64, written to ``out`` when
+    given (so a chunk's integers need no further copy); OVERFLOW if a value is not
+    finite or leaves [-limit, limit] (an input changed since it was proposed)."""
+    values = _own_type(values, element)
+    if len(scales) != block_count(len(values), block_elements):
+        raise CcoError(ErrorCode.INVALID_FIELD, f"{len(scales)} scales for {len(values)} elements")
+    scaled = np.empty(len(values), dtype=np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
-        scaled: np.ndarray = np.rint(_times_power_of_two(wide, scales, block_elements))
+        np.rint(_times_power_of_two(values, scales, block_elements, scaled), out=scaled)
     bound = _float_limit(limit)
     if len(scaled) and not (scaled.max() <= bound and scaled.min() >= -bound):  # NaN fails too
-        original = _wide(values, element)
-        _check_finite(original, first)
+        _check_finite(values, first)
         bad = int(np.argmax(~(np.abs(scaled) <= bound)))
         raise CcoError(
             ErrorCode.OVERFLOW,
-            f"element {first + bad} ({float(original[bad])!r}) does not fit the sum limit {limit} "
+            f"element {first + bad} ({float(values[bad])!r}) does not fit the sum limit {limit} "
             f"at scale {int(scales[bad // block_elements])}",
         )
-    return scaled.astype(np.int64)
+    if out is None:
+        return scaled.astype(np.int64)
+    np.copyto(out, scaled, casting="unsafe")  # integral and within the limit: exact
+    return out
 
 
 def dequantize(
@@ -181,9 +199,8 @@ def dequantize(
     type; OVERFLOW if a result does not fit it."""
     values = np.asarray(values, dtype=np.int64)
     with np.errstate(over="ignore", under="ignore"):
-        decoded = _times_power_of_two(
-            values.astype(np.float64), -np.asarray(scales, np.int64), block_elements
-        )
+        decoded = np.empty(len(values), dtype=np.float64)
+        _times_power_of_two(values, -np.asarray(scales, np.int64), block_elements, decoded)
         if divisor != 1:
             decoded /= divisor
         if element.code is DType.BFLOAT16:
