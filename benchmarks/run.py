@@ -506,6 +506,20 @@ def tags_target(tagged: dict[str, Any], untagged: dict[str, Any] | None) -> Targ
     return Target(name, f"<= {limit}", figure, ratio <= limit)
 
 
+def endpoints_bound(entry: dict[str, Any], size: int, cores: int, yardstick: float) -> tuple[float, float]:
+    """The most a CCO run's ingress goodput could have been, as a share of
+    ``yardstick`` (bytes per second), had its aggregator cost nothing: the round
+    then takes at least the endpoints' own CPU per round shared by ``cores`` cores.
+    Returns that share and each endpoint's CPU seconds per round.  The CPU counted
+    includes joining (and the warm-up round is counted as a round), so the share
+    comes out a little low."""
+    rounds = len(entry["round_seconds"]) + len(entry["warmup_seconds"])
+    cpu: list[float] = entry["endpoint_cpu_seconds"]
+    per_round = sum(cpu) / rounds
+    ingress = len(cpu) * size / (per_round / cores)
+    return ingress / yardstick, per_round / len(cpu)
+
+
 def quick(args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
     backend = args.quic_backend
@@ -641,6 +655,16 @@ def quick(args: argparse.Namespace) -> dict[str, Any]:
             None,
         )
     )
+    if "failed" not in big[64 * MiB]:
+        share, per_endpoint = endpoints_bound(big[64 * MiB], 64 * MiB, os.cpu_count() or 1, bare.goodput)
+        targets.append(
+            Target(
+                "  bound: the endpoints' own CPU, aggregator free",
+                "report",
+                f"{share:.0%} (each endpoint {per_endpoint:.2f} s of CPU per round, joining included)",
+                None,
+            )
+        )
     gloo_big = gloo_lo.get(64 * MiB, {})
     if "median_seconds" in big[64 * MiB] and "median_seconds" in gloo_big:
         cco_s, gloo_s = big[64 * MiB]["median_seconds"], gloo_big["median_seconds"]

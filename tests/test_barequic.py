@@ -14,6 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import barequic  # benchmarks/ is not a package: found through the path set above
+import run
 
 from cco.transport.certs import create_dev_pki
 from cco.wire.registries import Role
@@ -55,3 +56,13 @@ def test_a_bare_star_answers_every_leaf_every_round(pki: Path) -> None:
     assert len(star["round_seconds"]) == 2 * 19  # the first round of each leaf waits for connections
     assert all(s > 0 for s in star["round_seconds"])
     assert star["leaf_cpu_per_round"] > 0 and star["hub_cpu_per_round"] > 0
+
+
+def test_the_endpoints_bound_is_their_cpu_per_round_shared_by_the_cores() -> None:
+    # four endpoints, 4 s of CPU each over a warm-up and one timed round: 8 s of CPU
+    # per round, at least 4 s on 2 cores, for 4 x 100 MB of ingress: 100 MB/s
+    entry = {"round_seconds": [5.0], "warmup_seconds": [6.0], "endpoint_cpu_seconds": [4.0] * 4}
+    share, per_endpoint = run.endpoints_bound(entry, 100_000_000, cores=2, yardstick=200e6)
+    assert share == pytest.approx(0.5) and per_endpoint == pytest.approx(2.0)
+    share, _ = run.endpoints_bound(entry, 100_000_000, cores=4, yardstick=200e6)
+    assert share == pytest.approx(1.0)
