@@ -99,8 +99,8 @@ def propose(
     values = _own_type(values, element)
     if len(values) == 0:
         return np.zeros(0, dtype=np.int16)
-    # |x| and the block maxima are exact in the values' own type, so only the
-    # maxima are widened (a binary64 copy of the chunk cost as much again)
+    # |x| and the block maxima are exact in the values' own type: only the maxima
+    # are widened to binary64, never the whole chunk
     maxima = np.maximum.reduceat(np.abs(values), np.arange(0, len(values), block_elements))
     maxima = maxima.astype(np.float64)
     if not np.isfinite(maxima).all():  # a NaN or an infinity is its block's maximum
