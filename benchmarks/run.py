@@ -65,6 +65,12 @@ line rate (N = 4, MTU 9000, 16 MiB; CCO alone, 10 to 20 s each)."""
 FLOOR_ROUNDS = 1000
 """Rounds of the bare QUIC star (about 1.5 s).  With 200 or 300 its p50 read 1.75 ms
 against 1.3 ms with 1000: the first rounds run slower while the processes settle."""
+FAST_LINK_CHUNK = 131072
+"""Chunk elements of the loopback case's second run, a setting for links much faster
+than the default's 32768 suits: every chunk costs each process a fixed amount of CPU
+(messages, checks, event-loop turns), so on loopback 64 MiB took 3.4 s with it against
+5.1 to 5.5 s with the default (BENCHMARKS.md), while on 40 Mbit/s links its 1.5 MiB in
+flight per rank overflowed the queue."""
 TORCH_HINT = "pip install torch==2.13.0 matplotlib   (or: pip install -e '.[bench]')"
 
 
@@ -624,10 +630,27 @@ def quick(args: argparse.Namespace) -> dict[str, Any]:
     with network(4, None, None) as net:
         latency, usage_small = run_cco(net, [8], args.latency_rounds, tmp / "cco-latency")
         big, usage = run_cco(net, [64 * MiB], rounds, tmp / "cco-loopback")
+        fast_link = netns.CcoSettings(
+            max_datagram_size=net.datagram,
+            operation_timeout_ms=OPERATION_TIMEOUT_MS,
+            heartbeat_ms=HEARTBEAT_MS,
+            quic_backend=backend,
+            chunk_elements=FAST_LINK_CHUNK,
+        )
+        big_chunks, usage_chunks = cco_runs(
+            net, [64 * MiB], rounds, tmp / "cco-loopback-chunks", settings=fast_link
+        )
         gloo_lo = gloo_runs(net, [64 * MiB], rounds, mkdir(tmp / "gloo-lo")) if have_torch else {}
         gloo_lat = gloo_runs(net, [8], args.latency_rounds, mkdir(tmp / "gloo-lat")) if have_torch else {}
         runs.append({"network": net.describe(), "cco": latency, "gloo": gloo_lat, "aggregator": usage_small})
         runs.append({"network": net.describe(), "cco": big, "gloo": gloo_lo, "aggregator": usage})
+        runs.append(
+            {
+                "network": f"{net.describe()}, chunk {FAST_LINK_CHUNK}",
+                "cco": big_chunks,
+                "aggregator": usage_chunks,
+            }
+        )
         points.extend(points_of(net, {**latency, **big}, {**gloo_lat, **gloo_lo}))
         # The median of three transfers: one alone varied from 160 to 232 MB/s between runs.
         pki = tmp / "cco-loopback" / "pki"
@@ -655,6 +678,14 @@ def quick(args: argparse.Namespace) -> dict[str, Any]:
             None,
         )
     )
+    entry = big_chunks[64 * MiB]
+    name = f"  the same with {FAST_LINK_CHUNK}-element chunks (fast links)"
+    if "failed" in entry:
+        targets.append(Target(name, "report", "not measured: the run failed (see above)", None))
+    else:
+        ingress = 4 * 64 * MiB / entry["median_seconds"]
+        figure = f"{ingress / bare.goodput:.0%} ({ingress / 1e6:.1f} MB/s, {entry['median_seconds']:.2f} s)"
+        targets.append(Target(name, "report", figure, None))
     if "failed" not in big[64 * MiB]:
         share, per_endpoint = endpoints_bound(big[64 * MiB], 64 * MiB, os.cpu_count() or 1, bare.goodput)
         targets.append(
