@@ -149,7 +149,8 @@ overflow the queue it crosses.  On the namespace testbed it beat 65536 x 8 (2 Mi
 on every link tried, and 32768 x 4 at N = 8 on 20 Mbit/s links (no drops down
 instead of hundreds), equal elsewhere (BENCHMARKS.md, "Chunk size and window").
 Links much faster than these are better served by larger chunks (each costs every
-node a fixed amount of CPU): 131072 took 64 MiB over loopback in 3.4 s against 5.1 to 5.5 s.
+node a fixed amount of CPU): with 131072, 64 MiB took 3.4 s over loopback against
+5.1 to 5.5 s.
 
 Operation timeout 30 s: it bounds a slot at an aggregator and, at an endpoint, the
 time without progress of an operation (a watchdog that every completed chunk moves
