@@ -79,11 +79,7 @@ def steps(elements: int) -> dict[str, Callable[[], object]]:
     )
 
     def chunk_values(rank: int) -> np.ndarray:
-        """As ``Operation.chunk_values``: the quantized elements, then the attestations."""
-        values = np.empty(elements + len(agreed), dtype=np.int64)
-        blockscale.quantize(inputs[rank], element, agreed, BLOCK, limit, out=values[:elements])
-        values[elements:] = blockscale.attestations(proposals[rank], agreed)
-        return values
+        return blockscale.chunk_integers(inputs[rank], element, agreed, proposals[rank], BLOCK, limit)
 
     parts = [payload.seal(keys, header, rank, chunk_values(rank)) for rank in range(RANKS)]
     result = payload.combine(parts, Result)

@@ -137,6 +137,7 @@ def cco_runs(
     untagged: bool = False,
     backend: str | None = None,
     warmup: bool = True,
+    chunk_elements: int | None = None,
 ) -> tuple[dict[int, dict[str, Any]], dict[str, float]]:
     """Per size: the per-round times (or the failure); and the aggregator's usage.
 
@@ -145,13 +146,15 @@ def cco_runs(
     fresh group also ramps up congestion windows and path MTU; for small sizes it
     took 1.5 to 2.5 times the next one).  ``untagged`` runs the endpoints with every
     MAC tag zero (``untagged.py``), for the cost of authentication; ``backend`` is
-    every node's ``--quic-backend`` (when ``settings`` are not given)."""
+    every node's ``--quic-backend`` and ``chunk_elements`` the group's chunk size
+    (when ``settings`` are not given; None: the node default)."""
     settings = settings or netns.CcoSettings(
         max_datagram_size=net.datagram,
         operation_timeout_ms=OPERATION_TIMEOUT_MS,
         heartbeat_ms=HEARTBEAT_MS,
         untagged=untagged,
         quic_backend=backend,
+        chunk_elements=chunk_elements,
     )
     skip = 1 if warmup else 0
     first = " after a warm-up" if warmup else ""
@@ -630,15 +633,8 @@ def quick(args: argparse.Namespace) -> dict[str, Any]:
     with network(4, None, None) as net:
         latency, usage_small = run_cco(net, [8], args.latency_rounds, tmp / "cco-latency")
         big, usage = run_cco(net, [64 * MiB], rounds, tmp / "cco-loopback")
-        fast_link = netns.CcoSettings(
-            max_datagram_size=net.datagram,
-            operation_timeout_ms=OPERATION_TIMEOUT_MS,
-            heartbeat_ms=HEARTBEAT_MS,
-            quic_backend=backend,
-            chunk_elements=FAST_LINK_CHUNK,
-        )
-        big_chunks, usage_chunks = cco_runs(
-            net, [64 * MiB], rounds, tmp / "cco-loopback-chunks", settings=fast_link
+        big_chunks, usage_chunks = run_cco(
+            net, [64 * MiB], rounds, tmp / "cco-loopback-chunks", chunk_elements=FAST_LINK_CHUNK
         )
         gloo_lo = gloo_runs(net, [64 * MiB], rounds, mkdir(tmp / "gloo-lo")) if have_torch else {}
         gloo_lat = gloo_runs(net, [8], args.latency_rounds, mkdir(tmp / "gloo-lat")) if have_torch else {}

@@ -190,20 +190,15 @@ class Operation:
             scaling = self.scaling
             assert self.source is not None and scaling.agreed is not None
             blocks = scaling.blocks(self.chunk_elements, index, stop - start)
-            scales = scaling.agreed[blocks]
-            element = ELEMENT_TYPES[self.dtype]
-            chunk = np.empty(stop - start + len(scales), dtype=np.int64)
-            blockscale.quantize(
+            return blockscale.chunk_integers(
                 self.source[start:stop],
-                element,
-                scales,
+                ELEMENT_TYPES[self.dtype],
+                scaling.agreed[blocks],
+                scaling.proposals[blocks],
                 scaling.block_elements,
                 scaling.limit,
                 first=start,
-                out=chunk[: stop - start],
             )
-            chunk[stop - start :] = blockscale.attestations(scaling.proposals[blocks], scales)
-            return chunk
         first, last = max(start, self.placed.start), min(stop, self.placed.stop)
         if (first, last) == (start, stop):
             return self._encode(start - self.placed.start, stop - self.placed.start)

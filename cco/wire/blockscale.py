@@ -192,6 +192,25 @@ def quantize(
     return out
 
 
+def chunk_integers(
+    values: np.ndarray,
+    element: ElementType,
+    scales: np.ndarray,
+    proposals: np.ndarray,
+    block_elements: int,
+    limit: int,
+    first: int = 0,
+) -> np.ndarray:
+    """A block-scaled chunk's wire integers as int64: ``values`` quantized with the
+    agreed ``scales``, then this contributor's attestations (its own ``proposals``
+    for the same blocks), written into one array."""
+    elements = len(values)
+    chunk = np.empty(elements + len(scales), dtype=np.int64)
+    quantize(values, element, scales, block_elements, limit, first, out=chunk[:elements])
+    chunk[elements:] = attestations(proposals, scales)
+    return chunk
+
+
 def dequantize(
     values: np.ndarray, scales: np.ndarray, block_elements: int, divisor: int, element: ElementType
 ) -> np.ndarray:
