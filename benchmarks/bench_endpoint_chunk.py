@@ -38,7 +38,7 @@ import numpy as np
 
 from cco.wire import blockscale, payload
 from cco.wire.dtypes import ELEMENT_TYPES
-from cco.wire.mac import derive_group_keys
+from cco.wire.mac import CoefficientCache, derive_group_keys
 from cco.wire.messages import Result, decode_message, encode_message
 from cco.wire.registries import Collective, DType, ReduceOp
 
@@ -87,13 +87,25 @@ def steps(elements: int) -> dict[str, Callable[[], object]]:
     everyone = frozenset(range(RANKS))
     verified = payload.open_verified(keys, result, everyone)
     own = chunk_values(0)
+    # As in the endpoint, sealing keeps the chunk's split coefficients and verifying
+    # its Result takes them back; each timed verification gets them again.
+    cache = CoefficientCache(1)
+    payload.seal(keys, header, 0, own, coefficients=cache)
+    chunk_id = header.chunk_id()
+    kept = cache.take(keys, chunk_id, len(own))
+    assert kept is not None
+
+    def open_verified() -> np.ndarray:
+        cache.keep(keys, chunk_id, kept)
+        return payload.open_verified(keys, result, everyone, coefficients=cache)
+
     return {
         "propose": lambda: blockscale.propose(inputs[0], element, BLOCK, limit),
         "quantize": lambda: chunk_values(0),
-        "seal": lambda: payload.seal(keys, header, 0, own),
+        "seal": lambda: payload.seal(keys, header, 0, own, coefficients=cache),
         "encode_message": lambda: encode_message(parts[0]),
         "decode_message": lambda: decode_message(encoded),
-        "open_verified": lambda: payload.open_verified(keys, result, everyone),
+        "open_verified": open_verified,
         "dequantize": lambda: blockscale.dequantize(verified[:elements], agreed, BLOCK, 1, element),
     }
 

@@ -119,6 +119,7 @@ from cco.wire import blockscale, payload
 from cco.wire.dtypes import ELEMENT_TYPES
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap
+from cco.wire.mac import CoefficientCache
 from cco.wire.messages import (
     MAX_TOTAL_ELEMENTS,
     Abort,
@@ -213,6 +214,9 @@ class EndpointMachine:
         MiB at most), to seal again for a rank that restarts an operation this one
         completed (see _send_again)."""
         self._no_tree: str | None = None  # why no tree can be had (NO_AGGREGATOR), until one is assigned
+        self._coefficients: CoefficientCache | None = None
+        """The MAC coefficients of the chunks sealed last (window + 1 of them, 16 bytes
+        per element), so that verifying each chunk's Result does not derive them again."""
         self._params: GroupParams | None = None
         self._keys: payload.GroupKeys | None = None
         self._secret = b""  # to recognise the same group when resuming
@@ -686,6 +690,7 @@ class EndpointMachine:
         self._accepted = self._members
         self._params = message.params
         self._keys = payload.derive_group_keys(message.group_secret, message.group_id)
+        self._coefficients = CoefficientCache(message.params.window + 1)
         self._secret = message.group_secret
         self._next_heartbeat = now + self._heartbeat_interval
         return []
@@ -840,9 +845,10 @@ class EndpointMachine:
         own = None
         if op.op in CONSISTENCY_OPS and op.source is not None:
             own = (self._rank, op.chunk_values(message.chunk_index))
+        at_least = None if op.quorum is None else op.quorum.min_ranks
+        values = payload.open_verified(self._keys, message, expected, own, at_least, self._coefficients)
         if op.quorum is None:
-            return payload.open_verified(self._keys, message, expected, own)
-        values = payload.open_verified(self._keys, message, expected, own, at_least=op.quorum.min_ranks)
+            return values
         op.contributors = ranks_from_bitmap(message.contributors)
         return values
 
@@ -967,6 +973,7 @@ class EndpointMachine:
             self._rank,
             op.chunk_values(index),
             cls,
+            self._coefficients,
         )
         self._recent[(op.op_id, index)] = sealed
         self._recent.move_to_end((op.op_id, index))

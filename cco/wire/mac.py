@@ -23,12 +23,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from cco.wire.modp import BLOCK, WORD_MASK, InnerProduct, P
+from cco.wire.modp import BLOCK, SMALL_BLOCK, WORD_MASK, InnerProduct, P, split_words
 
 KEY_SIZE = 32
 INFO_K1 = b"cco/1 mac k1"
@@ -146,28 +147,104 @@ class _Stream(threading.local):
 _stream = _Stream()
 
 
-def inner_product(keys: GroupKeys, chunk_id: bytes, values: np.ndarray) -> int:
+class CoefficientCache:
+    """The coefficients of the chunks an endpoint sealed last, kept for verifying
+    their aggregates.
+
+    A chunk's Result has the chunk id of the Contribution sealed for it, so it has the
+    same coefficients u.  Deriving them (the AES keystream, then splitting each word
+    into the two limbs the inner product multiplies) is about half of an inner
+    product's time: 131 of 276 us for 32 Ki int32 elements on the reference machine.
+    Sealing keeps the split coefficients here and verifying takes them back, so each
+    chunk derives them once.
+
+    Entries are keyed by the group keys as well as the chunk id, so coefficients
+    never outlive the keys that made them.  At most ``chunks`` chunks are kept, 16
+    bytes per element each; keeping one more drops the oldest.  A chunk not found is
+    derived again, so the bound costs time, never a wrong tag.
+    """
+
+    __slots__ = ("_chunks", "_kept")
+
+    def __init__(self, chunks: int) -> None:
+        if chunks < 1:
+            raise ValueError("a coefficient cache holds at least one chunk")
+        self._chunks = chunks
+        self._kept: OrderedDict[tuple[GroupKeys, bytes], list[np.ndarray]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def keep(self, keys: GroupKeys, chunk_id: bytes, blocks: list[np.ndarray]) -> None:
+        self._kept[(keys, chunk_id)] = blocks
+        self._kept.move_to_end((keys, chunk_id))
+        while len(self._kept) > self._chunks:
+            self._kept.popitem(last=False)
+
+    def take(self, keys: GroupKeys, chunk_id: bytes, elements: int) -> list[np.ndarray] | None:
+        """The chunk's split coefficients, removed from the cache, if it holds them for
+        exactly ``elements`` elements."""
+        blocks = self._kept.pop((keys, chunk_id), None)
+        if blocks is None or sum(block.shape[1] for block in blocks) != elements:
+            return None
+        return blocks
+
+
+def inner_product(
+    keys: GroupKeys,
+    chunk_id: bytes,
+    values: np.ndarray,
+    *,
+    keep: CoefficientCache | None = None,
+    reuse: CoefficientCache | None = None,
+) -> int:
     """<u, y> mod p for the chunk's integers ``values`` (signed, 1, 2, 4 or 8 bytes each).
 
     The keystream is produced and consumed one block at a time, so memory does not
-    grow with the chunk.
+    grow with the chunk, unless ``keep`` is given: then a chunk of more than
+    ``SMALL_BLOCK`` elements keeps its split coefficients there.  ``reuse`` is a cache
+    to take them from instead of deriving them.
     """
-    encryptor = Cipher(algorithms.AES(coefficient_key(keys, chunk_id)), _CTR_FROM_ZERO).encryptor()
+    n = len(values)
     product = InnerProduct(values.dtype.itemsize)
+    kept = reuse.take(keys, chunk_id, n) if reuse is not None else None
+    if kept is not None:
+        for start, u in zip(range(0, n, BLOCK), kept, strict=True):
+            product.add_split(u, values[start : start + BLOCK])
+        return product.result()
+    cache = keep if n > SMALL_BLOCK else None
+    blocks = []
+    encryptor = Cipher(algorithms.AES(coefficient_key(keys, chunk_id)), _CTR_FROM_ZERO).encryptor()
     buffer = _stream.buffer
-    for start in range(0, len(values), BLOCK):
+    for start in range(0, n, BLOCK):
         block = values[start : start + BLOCK]
         m = len(block)
         encryptor.update_into(memoryview(_ZEROS)[: 8 * m], buffer)
-        product.add(np.frombuffer(buffer, dtype="<u8", count=m), block)
+        words = np.frombuffer(buffer, dtype="<u8", count=m)
+        if cache is not None:
+            blocks.append(split_words(words, np.empty((2, m), dtype=np.uint64)))
+            product.add_split(blocks[-1], block)
+        else:
+            product.add(words, block)
+    if cache is not None:
+        cache.keep(keys, chunk_id, blocks)
     return product.result()
 
 
-def contribution_tag(keys: GroupKeys, chunk_id: bytes, rank: int, values: np.ndarray) -> int:
-    """t_r = <u, x_r> + F(k2, m, r) mod p."""
-    return (inner_product(keys, chunk_id, values) + pad(keys, chunk_id, rank)) % P
+def contribution_tag(
+    keys: GroupKeys, chunk_id: bytes, rank: int, values: np.ndarray, keep: CoefficientCache | None = None
+) -> int:
+    """t_r = <u, x_r> + F(k2, m, r) mod p; the chunk's coefficients kept in ``keep``."""
+    return (inner_product(keys, chunk_id, values, keep=keep) + pad(keys, chunk_id, rank)) % P
 
 
-def expected_tag(keys: GroupKeys, chunk_id: bytes, ranks: Iterable[int], values: np.ndarray) -> int:
-    """The only tag an honest aggregate of ``ranks`` with integers ``values`` can carry."""
-    return (inner_product(keys, chunk_id, values) + pad_sum(keys, chunk_id, ranks)) % P
+def expected_tag(
+    keys: GroupKeys,
+    chunk_id: bytes,
+    ranks: Iterable[int],
+    values: np.ndarray,
+    reuse: CoefficientCache | None = None,
+) -> int:
+    """The only tag an honest aggregate of ``ranks`` with integers ``values`` can carry
+    (the coefficients taken from ``reuse`` when it holds them)."""
+    return (inner_product(keys, chunk_id, values, reuse=reuse) + pad_sum(keys, chunk_id, ranks)) % P

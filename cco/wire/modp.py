@@ -84,14 +84,19 @@ class InnerProduct:
             pairs = zip(words.tolist(), values.tolist(), strict=True)
             self._total = (self._total + sum((w & WORD_MASK) * y for w, y in pairs)) % P
             return
+        self.add_split(split_words(words, _scratch.u_limbs[:, :m]), values)
+
+    def add_split(self, u: np.ndarray, values: np.ndarray) -> None:
+        """Add one block whose coefficients are already split: ``u`` as
+        :func:`split_words` returns it, one column per value."""
+        m = len(values)
+        if m > BLOCK or u.shape != (2, m) or u.dtype != np.uint64:
+            raise ValueError("a block must hold at most BLOCK elements and two limbs per element")
+        if m == 0:
+            return
         values = np.ascontiguousarray(values)  # the limb views below need one run of memory
-        scratch = _scratch
-        u = scratch.u_limbs[:, :m]
-        np.bitwise_and(words, _LOW_MASK, out=u[0])
-        np.right_shift(words, _HIGH_SHIFT, out=u[1])
-        np.bitwise_and(u[1], _HIGH_MASK, out=u[1])
         limbs = self._width // 2 or 1  # 1- and 2-byte integers are one signed limb
-        y = scratch.y_limb[:m]
+        y = _scratch.y_limb[:m]
         total = 0
         for k in range(limbs - 1):  # the unsigned low limbs of wider integers
             np.copyto(y, values.view(np.uint16).reshape(m, limbs)[:, k])
@@ -104,6 +109,15 @@ class InnerProduct:
     def result(self) -> int:
         """The inner product mod p, in [0, p)."""
         return self._total
+
+
+def split_words(words: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``out`` ((2, m) ``uint64``) holding the low 32 and the high 29 bits of each word
+    mod 2^61, the two limbs of its coefficient, one row each."""
+    np.bitwise_and(words, _LOW_MASK, out=out[0])
+    np.right_shift(words, _HIGH_SHIFT, out=out[1])
+    np.bitwise_and(out[1], _HIGH_MASK, out=out[1])
+    return out
 
 
 def _limb_sum(u: np.ndarray, y: np.ndarray) -> int:

@@ -25,7 +25,7 @@ from cco.wire.blockscale import block_count
 from cco.wire.codec import decode_values, encode_values, wire_length
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap
-from cco.wire.mac import GroupKeys, contribution_tag, derive_group_keys, expected_tag
+from cco.wire.mac import CoefficientCache, GroupKeys, contribution_tag, derive_group_keys, expected_tag
 from cco.wire.messages import ChunkMessage, Contribution, chunk_length
 from cco.wire.modp import P
 from cco.wire.ops import OPS, check_operation, inconsistency, scaling_problem
@@ -215,11 +215,13 @@ def seal(
     rank: int,
     values: np.ndarray,
     cls: type[ChunkMessage] = Contribution,
+    coefficients: CoefficientCache | None = None,
 ) -> ChunkMessage:
     """Rank ``rank``'s chunk: its int64 ``values`` (for a block-scaled chunk, the
     elements then the attestations) packed at the chunk's width, tagged when the op
     is verifiable.  OVERFLOW if a tagged value leaves [-B, B] or a block-scaled one
-    its width."""
+    its width.  The tag's coefficients are kept in ``coefficients``, for verifying
+    the chunk's aggregate with :func:`open_verified`."""
     header.check()
     if not 0 <= rank < MAX_WORLD_SIZE:
         raise CcoError(ErrorCode.INVALID_FIELD, f"rank {rank} is out of range")
@@ -237,7 +239,7 @@ def seal(
         raise error
     width = header.width if header.width is not None else minimal_width(lo, hi)
     packed = narrow(values, width)
-    tag = contribution_tag(keys, header.chunk_id(), rank, packed) if verifiable else None
+    tag = contribution_tag(keys, header.chunk_id(), rank, packed, coefficients) if verifiable else None
     return _message(cls, header, bitmap_from_ranks([rank]), width, packed.tobytes(), tag)
 
 
@@ -370,6 +372,7 @@ def open_verified(
     expected: frozenset[int],
     own: tuple[int, np.ndarray] | None = None,
     at_least: int | None = None,
+    coefficients: CoefficientCache | None = None,
 ) -> np.ndarray:
     """The chunk's int64 element integers once every check passed.
 
@@ -383,7 +386,8 @@ def open_verified(
     with the caller's own values ``own = (rank, values)`` ("consistency").  Failures
     raise ``VERIFICATION_FAILED`` with that word first in the detail.  A chunk not
     written at its smallest width (other than a block-scaled one, whose width is
-    fixed) is ``INVALID_FIELD``.
+    fixed) is ``INVALID_FIELD``.  The tag's coefficients are taken from
+    ``coefficients`` when :func:`seal` kept them there.
     """
     header = ChunkHeader.of(message)
     header.check()
@@ -405,7 +409,7 @@ def open_verified(
             raise CcoError(ErrorCode.VERIFICATION_FAILED, "tag: missing")
         if not 0 <= message.tag < P:
             raise CcoError(ErrorCode.VERIFICATION_FAILED, "tag: not an element of F_p")
-        want = expected_tag(keys, header.chunk_id(), sorted(ranks), values)
+        want = expected_tag(keys, header.chunk_id(), sorted(ranks), values, coefficients)
         if not hmac.compare_digest(want.to_bytes(8, "big"), message.tag.to_bytes(8, "big")):
             raise CcoError(ErrorCode.VERIFICATION_FAILED, "tag: does not match the integers and contributors")
     elif message.tag is not None:
