@@ -366,6 +366,50 @@ def test_quantization_is_round_half_even_exact_or_a_typed_overflow(
     assert all(abs(v) <= limit for v in expected)
 
 
+@SETTINGS
+@given(
+    data=st.data(),
+    block=st.integers(1, 5),
+    limit=st.sampled_from([1, 127, 2**15 - 1, 2**31 - 1, B]),
+)
+def test_binary32_inputs_at_binary32_scales_quantize_in_binary32_to_the_same_integers(
+    data: st.DataObject, block: int, limit: int
+) -> None:
+    """Subnormals, ties and products too large for binary32 included: the integers
+    (or the element an OVERFLOW names) are those of exact arithmetic."""
+    xs = data.draw(st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False), max_size=12))
+    n = block_count(len(xs), block)
+    scales = data.draw(
+        st.lists(st.integers(-126, 126) | st.sampled_from([-126, 126, 0]), min_size=n, max_size=n)
+    )
+    x = np.array(xs, dtype=np.float32)
+    assert blockscale._in_binary32(x, np.array(scales))
+    expected = [round(Fraction(v) * Fraction(2) ** scales[j // block]) for j, v in enumerate(x.tolist())]
+    try:
+        got = quantize(x, element_type(DType.FLOAT32), np.array(scales, dtype=np.int16), block, limit)
+    except CcoError as error:
+        assert error.code is ErrorCode.OVERFLOW
+        bad = next(j for j, v in enumerate(expected) if abs(v) > limit)
+        assert f"element {bad} " in error.detail
+        return
+    assert got.tolist() == expected
+
+
+def test_binary32_scaling_is_kept_for_the_cases_it_is_exact_in() -> None:
+    x = np.array([1.5, -2.5, 2.0**-149, -(2.0**-149), 3.0e38], dtype=np.float32)
+    inside, outside = np.array([126, -126]), np.array([0, 127])
+    assert blockscale._in_binary32(x, inside) and not blockscale._in_binary32(x, outside)
+    assert not blockscale._in_binary32(x.astype(np.float64), inside)
+    assert not blockscale._in_binary32(np.ones(2, dtype=np.float16), np.array([0]))
+    f32 = element_type(DType.FLOAT32)
+    # ties to even, and subnormal products that round to zero, at the binary32 scales
+    assert quantize(x[:4], f32, np.array([0, -126]), 2, 10).tolist() == [2, -2, 0, 0]
+    # 3e38 * 2^126 is infinite in binary32 and beyond the limit in binary64 alike
+    with pytest.raises(CcoError, match="element 4 ") as raised:
+        quantize(x, f32, np.array([0, 0, 126]), 2, 2**31 - 1)
+    assert raised.value.code is ErrorCode.OVERFLOW
+
+
 def test_quantization_ties_round_half_to_even() -> None:
     x = np.array([2.5, 3.5, -2.5, -3.5, 0.5, 1.5, 5.0, 7.0, -5.0, 6.0], dtype=np.float64)
     scales = np.array([0, -1], dtype=np.int16)  # the first six at 2^0, the last four at 2^-1
