@@ -145,6 +145,20 @@ def test_the_cache_holds_the_newest_chunks_and_no_small_ones() -> None:
         mac.CoefficientCache(0)
 
 
+def test_the_cache_holds_at_most_its_bytes_and_counts_them_exactly() -> None:
+    values = inputs(1000)[0]  # 16,000 bytes of coefficients a chunk
+    cache = mac.CoefficientCache(10, max_bytes=40_000)
+    for chunk_id in (b"a", b"b", b"b", b"c"):  # b twice: replaced, not counted twice
+        mac.inner_product(KEYS, chunk_id, values, keep=cache)
+    assert len(cache) == 2 and cache.nbytes == 32_000
+    assert cache.take(KEYS, b"a", len(values)) is None  # the oldest went first
+    assert cache.take(KEYS, b"b", len(values)) is not None and cache.nbytes == 16_000
+
+    mac.inner_product(KEYS, b"large", inputs(3000)[0], keep=cache)  # 48,000 bytes: never kept
+    assert len(cache) == 1 and cache.nbytes == 16_000
+    assert cache.take(KEYS, b"c", len(values)) is not None and cache.nbytes == 0
+
+
 def test_an_endpoint_verifies_every_result_with_the_coefficients_it_sealed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -216,7 +216,8 @@ class EndpointMachine:
         self._no_tree: str | None = None  # why no tree can be had (NO_AGGREGATOR), until one is assigned
         self._coefficients: CoefficientCache | None = None
         """The MAC coefficients of the chunks sealed last (window + 1 of them, 16 bytes
-        per element), so that verifying each chunk's Result does not derive them again."""
+        per element, 16 MiB at most), so that verifying each chunk's Result does not
+        derive them again."""
         self._params: GroupParams | None = None
         self._keys: payload.GroupKeys | None = None
         self._secret = b""  # to recognise the same group when resuming

@@ -35,6 +35,10 @@ KEY_SIZE = 32
 INFO_K1 = b"cco/1 mac k1"
 INFO_K2 = b"cco/1 mac k2"
 _CTR_FROM_ZERO = modes.CTR(bytes(16))
+DEFAULT_CACHE_BYTES = 16 << 20
+"""What a :class:`CoefficientCache` holds at most unless told otherwise: the
+coefficients of one chunk of the largest size (2^20 elements), or of four of the
+131072 elements recommended for fast links."""
 _ZEROS = bytes(8 * BLOCK)
 
 
@@ -159,34 +163,52 @@ class CoefficientCache:
     chunk derives them once.
 
     Entries are keyed by the group keys as well as the chunk id, so coefficients
-    never outlive the keys that made them.  At most ``chunks`` chunks are kept, 16
-    bytes per element each; keeping one more drops the oldest.  A chunk not found is
-    derived again, so the bound costs time, never a wrong tag.
+    never outlive the keys that made them.  At most ``chunks`` chunks and
+    ``max_bytes`` bytes (16 per element) are kept; keeping more drops the oldest, and
+    a chunk larger than ``max_bytes`` is not kept.  A chunk not found is derived
+    again, so the bounds cost time, never a wrong tag.
     """
 
-    __slots__ = ("_chunks", "_kept")
+    __slots__ = ("_bytes", "_chunks", "_kept", "_max_bytes")
 
-    def __init__(self, chunks: int) -> None:
+    def __init__(self, chunks: int, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         if chunks < 1:
             raise ValueError("a coefficient cache holds at least one chunk")
         self._chunks = chunks
+        self._max_bytes = max_bytes
+        self._bytes = 0
         self._kept: OrderedDict[tuple[GroupKeys, bytes], list[np.ndarray]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._kept)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of coefficients held."""
+        return self._bytes
+
     def keep(self, keys: GroupKeys, chunk_id: bytes, blocks: list[np.ndarray]) -> None:
+        size = sum(block.nbytes for block in blocks)
+        if size > self._max_bytes:
+            return
+        self._forget((keys, chunk_id))
         self._kept[(keys, chunk_id)] = blocks
-        self._kept.move_to_end((keys, chunk_id))
-        while len(self._kept) > self._chunks:
-            self._kept.popitem(last=False)
+        self._bytes += size
+        while len(self._kept) > self._chunks or self._bytes > self._max_bytes:
+            self._forget(next(iter(self._kept)))
 
     def take(self, keys: GroupKeys, chunk_id: bytes, elements: int) -> list[np.ndarray] | None:
         """The chunk's split coefficients, removed from the cache, if it holds them for
         exactly ``elements`` elements."""
-        blocks = self._kept.pop((keys, chunk_id), None)
+        blocks = self._forget((keys, chunk_id))
         if blocks is None or sum(block.shape[1] for block in blocks) != elements:
             return None
+        return blocks
+
+    def _forget(self, key: tuple[GroupKeys, bytes]) -> list[np.ndarray] | None:
+        blocks = self._kept.pop(key, None)
+        if blocks is not None:
+            self._bytes -= sum(block.nbytes for block in blocks)
         return blocks
 
 
