@@ -35,11 +35,11 @@ KEY_SIZE = 32
 INFO_K1 = b"cco/1 mac k1"
 INFO_K2 = b"cco/1 mac k2"
 _CTR_FROM_ZERO = modes.CTR(bytes(16))
+_ZEROS = bytes(8 * BLOCK)
 DEFAULT_CACHE_BYTES = 16 << 20
 """What a :class:`CoefficientCache` holds at most unless told otherwise: the
-coefficients of one chunk of the largest size (2^20 elements), or of four of the
-131072 elements recommended for fast links."""
-_ZEROS = bytes(8 * BLOCK)
+coefficients of one chunk of the largest size (2^20 elements).  The default window's
+four chunks of the 131072 elements recommended for fast links take half of it."""
 
 
 class _Hmac:
@@ -235,7 +235,7 @@ def inner_product(
             product.add_split(u, values[start : start + BLOCK])
         return product.result()
     cache = keep if n > SMALL_BLOCK else None
-    blocks = []
+    blocks: list[np.ndarray] = []
     encryptor = Cipher(algorithms.AES(coefficient_key(keys, chunk_id)), _CTR_FROM_ZERO).encryptor()
     buffer = _stream.buffer
     for start in range(0, n, BLOCK):
