@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hashlib
 import json
 import logging
@@ -407,4 +408,18 @@ def run_role(cfg: NodeConfig) -> int:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
+    settle_heap()
     return asyncio.run(ROLE_MAINS[cfg.role](cfg))
+
+
+def settle_heap() -> None:
+    """Collect, then exempt every object alive now (the modules and what importing
+    them built) from later garbage collections.
+
+    Otherwise the process's first full collection walks all of them: 21 to 25 ms,
+    once per process, some hundred operations after start.  With five nodes on a
+    machine that is five stalls of about 20 ms in the first 200 8-byte all-reduces
+    (p99 18.5 to 21.8 against 7.1 to 8.2 ms with the objects exempted, fresh
+    clusters on loopback).  Objects made later are collected as usual."""
+    gc.collect()
+    gc.freeze()

@@ -1,0 +1,43 @@
+"""A node exempts what start-up built from garbage collection before it serves."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+
+import pytest
+
+from cco.config import NodeConfig
+from cco.services import roles
+
+
+@pytest.fixture
+def unfrozen() -> Iterator[None]:
+    gc.unfreeze()
+    yield
+    gc.unfreeze()  # leave the test process as it was
+
+
+def tracked(value: object) -> bool:
+    """Whether the collector still walks ``value`` (frozen objects it skips)."""
+    return any(candidate is value for candidate in gc.get_objects())
+
+
+def test_a_node_exempts_its_start_up_objects_but_not_what_it_makes_later(
+    unfrozen: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built_at_start = [[1], [2]]
+    made_while_serving: list[object] = []
+    seen: list[bool] = []
+
+    async def role_main(cfg: NodeConfig) -> int:
+        made_while_serving.append([3])
+        seen.append(tracked(built_at_start))
+        seen.append(tracked(made_while_serving[0]))
+        return 0
+
+    monkeypatch.setitem(roles.ROLE_MAINS, "endpoint", role_main)
+    assert tracked(built_at_start)
+    assert roles.run_role(NodeConfig(role="endpoint", values={"log_level": "info"})) == 0
+    assert seen == [False, True]
+    assert gc.get_freeze_count() > 0
