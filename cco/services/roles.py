@@ -416,10 +416,10 @@ def settle_heap() -> None:
     """Collect, then exempt every object alive now (the modules and what importing
     them built) from later garbage collections.
 
-    Otherwise the process's first full collection walks all of them: 21 to 25 ms,
+    Otherwise the process's first full collection walks all of them: 17 to 25 ms,
     once per process, some hundred operations after start.  With five nodes on a
     machine that is five stalls of about 20 ms in the first 200 8-byte all-reduces
-    (p99 18.5 to 21.8 against 7.1 to 8.2 ms with the objects exempted, fresh
+    (p99 18.5 to 23.1 against 6.4 to 8.8 ms with the objects exempted, fresh
     clusters on loopback).  Objects made later are collected as usual."""
     gc.collect()
     gc.freeze()
