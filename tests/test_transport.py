@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import ssl
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -233,6 +235,35 @@ def test_links_run_on_the_configured_backend(pki: Path, quic_backend: str) -> No
             assert isinstance(protocol(await accepted.get())._quic, connection_class)
 
     run(test)
+
+
+def test_quic_keeps_a_fine_clock_on_a_loop_whose_clock_is_coarse(
+    pki: Path, quic_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """uvloop's loop.time() is the start of the loop turn in whole milliseconds; the
+    times QUIC measures round trips and paces with must be finer than that."""
+    connection_class = {"aioquic": CcoQuicConnection, "qh3": Qh3Connection}[quic_backend]
+    seen: list[float] = []
+    original = connection_class.datagrams_to_send
+
+    def recording(self: Any, now: float) -> Any:
+        seen.append(now)
+        return original(self, now=now)
+
+    monkeypatch.setattr(connection_class, "datagrams_to_send", recording)
+
+    async def test() -> None:
+        loop = asyncio.get_running_loop()
+        monkeypatch.setattr(loop, "time", lambda: math.floor(time.monotonic() * 1000) / 1000)
+        async with server(pki) as (srv, accepted):
+            link = await dial(srv, pki)
+            peer = await accepted.get()
+            for index in range(5):
+                await exchange(link, peer, chunk(GROUP_A, index))
+
+    run(test)
+    assert len(seen) > 10
+    assert any(abs(now * 1000 - round(now * 1000)) > 1e-6 for now in seen)
 
 
 @pytest.mark.parametrize(("client_backend", "server_backend"), [("aioquic", "qh3"), ("qh3", "aioquic")])

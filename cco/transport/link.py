@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
@@ -210,7 +211,7 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         """
         self._transmit_handle = None
         batch: dict[object, list[bytes]] = {}
-        for data, addr in self._quic.datagrams_to_send(now=self._loop.time()):
+        for data, addr in self._quic.datagrams_to_send(now=time.monotonic()):
             batch.setdefault(addr, []).append(data)
         transport = cast(BatchedUdpTransport, self._transport)
         for addr, datagrams in batch.items():
@@ -225,6 +226,27 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         self._wake_drainers()
         if self._pending_close is not None and self._flushed():
             self._close_quic()
+
+    # QUIC's clock is time.monotonic, read when it is needed, not the loop's time.
+    # asyncio's loop.time() is the same clock, but an application may run the library
+    # on uvloop, whose loop.time() is the start of the loop turn in whole
+    # milliseconds: too coarse for round trips of tens of microseconds, which QUIC
+    # measures and paces with.  Both loops' timers run on the same monotonic base.
+    # aioquic's protocol reads loop.time() in the two methods below; they are its,
+    # clock aside.
+
+    def connect(self, addr: tuple[object, ...], transmit: bool = True) -> None:
+        self._quic.connect(addr, now=time.monotonic())
+        if transmit:
+            self.transmit()
+
+    def _handle_timer(self) -> None:
+        now = max(self._timer_at or 0.0, time.monotonic())
+        self._timer = None
+        self._timer_at = None
+        self._quic.handle_timer(now=now)
+        self._process_events()
+        self.transmit()
 
     def _schedule_transmit(self) -> None:
         if self._transmit_handle is None:
@@ -369,11 +391,11 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         # here runs after the whole batch the UDP transport is delivering
         # (cco.transport.udp), so a burst of datagrams costs one transmit.
         assert isinstance(data, bytes)
-        self._quic.receive_datagram(data, addr, now=self._loop.time())
+        self._quic.receive_datagram(data, addr, now=time.monotonic())
         self._after_receiving()
 
     def segments_received(self, data: bytes, segment_size: int, addr: tuple[object, ...]) -> None:
-        self._cco.receive_segments(data, segment_size, addr, now=self._loop.time())
+        self._cco.receive_segments(data, segment_size, addr, now=time.monotonic())
         self._after_receiving()
 
     def _after_receiving(self) -> None:
