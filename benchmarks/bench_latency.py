@@ -5,9 +5,9 @@ aggregator as separate ``cco-node`` processes on 127.0.0.1, the endpoints'
 ``allreduce`` workload, times the slowest rank's per round), run for several dtypes
 and group sizes in turn so their figures come from the same minutes: a float SUM of
 at most 16 elements is EXACT (one pass), int32 its integer counterpart.  Prints p50
-and p99 and the aggregator's and each endpoint's CPU per round (a run of 10 rounds
-subtracted from the measured one, which removes start-up and joining), and writes
-JSON.
+and p99 over the rounds after the first ``run.LATENCY_WARMUP`` (as ``run.py`` does),
+and the aggregator's and each endpoint's CPU per round (a run of 10 rounds subtracted
+from the measured one, which removes start-up and joining), and writes JSON.
 
     python benchmarks/bench_latency.py --dtypes float32 int32 --rounds 300 --repeats 2
     python benchmarks/bench_latency.py --dtypes float32 --endpoints 1 2 4   # how it scales
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import netns
-from run import percentile
+from run import LATENCY_WARMUP, percentile
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BASELINE_ROUNDS = 10
@@ -46,7 +46,7 @@ def measure(dtype: str, elements: int, rounds: int, endpoints: int, workdir: Pat
         short, agg_short = timed(BASELINE_ROUNDS)
         run, agg_long = timed(rounds)
     extra = rounds - BASELINE_ROUNDS
-    times = run.round_seconds()[1:]  # the first round also warms up connections
+    times = run.round_seconds()[LATENCY_WARMUP:]  # fresh endpoint processes settle first
     return {
         "dtype": dtype,
         "endpoints": endpoints,
