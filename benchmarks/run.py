@@ -73,10 +73,10 @@ than the default's 32768 suits: every chunk costs each process a fixed amount of
 flight per rank overflowed the queue."""
 LATENCY_WARMUP = 10
 """Rounds of the 8-byte case run and not counted, by CCO and Gloo alike.  A fresh
-endpoint process spends about a third more CPU on each of its first ten or so
-all-reduces than later (its main thread: 1.2 to 1.5 ms on the first, 0.65 to 0.8 on
-the second to the sixth, 0.55 to 0.58 ms from about the tenth on; CPython still
-specialising the code, caches filling).  With one round left out, the 200 rounds'
+endpoint process spends more CPU on each of its first ten or so all-reduces than
+later (its main thread: 1.19 to 1.50 ms on the first, 0.56 to 0.81 ms, most above
+0.65, on the second to the sixth, medians of 0.55 to 0.58 ms from the twentieth on;
+CPython still specialising the code, caches filling).  With one round left out, the 200 rounds'
 p99 was those first rounds (6.6, 8.3 and 5.3 ms at rounds 2, 3 and 8, the median
 2.8 ms) rather than the steady state the target is about.  The JSON keeps the
 warm-up rounds, and the figure line says what p99 is with them."""
