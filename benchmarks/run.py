@@ -76,10 +76,10 @@ LATENCY_WARMUP = 10
 endpoint process spends more CPU on each of its first ten or so all-reduces than
 later (its main thread: 1.19 to 1.50 ms on the first, 0.56 to 0.81 ms, most above
 0.65, on the second to the sixth, medians of 0.55 to 0.58 ms from the twentieth on;
-CPython still specialising the code, caches filling).  With one round left out, the 200 rounds'
-p99 was those first rounds (6.6, 8.3 and 5.3 ms at rounds 2, 3 and 8, the median
-2.8 ms) rather than the steady state the target is about.  The JSON keeps the
-warm-up rounds, and the figure line says what p99 is with them."""
+CPython still specialising the code, caches filling).  With one round left out, the
+200 rounds' p99 was those first rounds (6.6, 8.3 and 5.3 ms at rounds 2, 3 and 8,
+the median 2.8 ms) rather than the steady state the target is about.  The JSON
+keeps the warm-up rounds, and the figure line says what p99 is with them."""
 TORCH_HINT = "pip install torch==2.13.0 matplotlib   (or: pip install -e '.[bench]')"
 
 
