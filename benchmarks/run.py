@@ -165,8 +165,7 @@ def cco_runs(
         quic_backend=backend,
         chunk_elements=chunk_elements,
     )
-    skip = warmup
-    first = {0: "", 1: " after a warm-up"}.get(warmup, f" after {warmup} warm-up rounds")
+    first = f" after {warmup} warm-up round{'s' if warmup > 1 else ''}" if warmup else ""
     results: dict[int, dict[str, Any]] = {}
     with netns.CcoCluster(net.star, workdir, net.endpoints, settings) as cluster:
         cluster.start()
@@ -174,17 +173,17 @@ def cco_runs(
             tags = ", tags off" if settings.untagged else ""
             log(f"  CCO  {net.describe()}{tags}: {human(size)} x {rounds}{first}")
             before = net.star.link_stats() if net.star is not None else []
-            total = rounds + skip
+            total = rounds + warmup
             try:
                 run = cluster.run(max(1, size // 4), total, run_timeout(net, size, total))
             except netns.NetnsError as exc:
                 results[size] = {"failed": str(exc)}
                 log(f"  CCO  FAILED: {exc}")
                 continue
-            timed = run.round_seconds()[skip:]
+            timed = run.round_seconds()[warmup:]
             entry: dict[str, Any] = {
                 "round_seconds": timed,
-                "warmup_seconds": run.round_seconds()[:skip],
+                "warmup_seconds": run.round_seconds()[:warmup],
                 "median_seconds": statistics.median(timed),
                 "bit_identical": run.bit_identical(),
                 "endpoint_peak_rss_bytes": max(r["peak_rss_bytes"] for r in run.reports),
