@@ -308,9 +308,11 @@ class Communicator:
     async def all_reduce(self, array: np.ndarray, op: ReduceOp = ReduceOp.SUM, **kw: Any) -> np.ndarray:
         """Every rank gets the elementwise reduction of every rank's ``array``.
 
-        Keywords are those of :class:`CollectiveRequest`: ``timeout`` (seconds), and for
-        float SUM and AVG ``width``, the bits per element on the wire (8, 16, 32 or 64;
-        default: the group's ``float_width``, else the dtype's own).  Floats in sums of
+        Keywords are those of :class:`CollectiveRequest`: ``timeout`` (seconds), ``out``
+        (an array of the result's shape and dtype to write it to, reused call after
+        call instead of a new array each time), and for float SUM and AVG ``width``,
+        the bits per element on the wire (8, 16, 32 or 64; default: the group's
+        ``float_width``, else the dtype's own).  Floats in sums of
         more than 16 elements are block-scaled fixed point: each element of the result
         is within about c x M / Q of the exact sum (M: the largest magnitude in its block
         on any rank, c: the contributors, Q = (2^(width-1) - 1) / world_size).  Sums of

@@ -52,21 +52,40 @@ def conformance_cases(world_size: int) -> list[Case]:
     return cases
 
 
-def make_input(seed: int, case_index: int, rank: int, dtype: DType, elements: int) -> np.ndarray:
-    """The input of ``rank`` for one case: small integers, or floats in [-1, 1)."""
+def make_input(
+    seed: int, case_index: int, rank: int, dtype: DType, elements: int, out: np.ndarray | None = None
+) -> np.ndarray:
+    """The input of ``rank`` for one case: small integers, or floats in [-1, 1).
+
+    With ``out`` (``elements`` of the dtype's numpy type) the values are written
+    there, the same values, and ``out`` is returned: a loop of large rounds then
+    reuses one array instead of faulting in a new one each round."""
     rng = np.random.default_rng([seed, case_index, rank])
     numpy_type = NUMPY_TYPES[dtype]
+    if out is not None and (out.dtype != numpy_type or out.shape != (elements,)):
+        raise ValueError(f"out is {out.dtype} of shape {out.shape}, not {elements} of {np.dtype(numpy_type)}")
     if np.issubdtype(numpy_type, np.integer):
         bound = 1000 if np.dtype(numpy_type).itemsize > 1 else 3
-        return rng.integers(-bound, bound, size=elements, endpoint=True).astype(numpy_type)
-    if numpy_type is np.float64:
-        return rng.random(elements) * 2 - 1
-    # Drawn in float32, so a large input never costs a float64 temporary of the
-    # whole tensor (the benchmarks' own memory would otherwise dwarf the endpoint's).
-    values = rng.random(elements, dtype=np.float32)
+        drawn = rng.integers(-bound, bound, size=elements, endpoint=True).astype(numpy_type)
+        if out is None:
+            return drawn
+        np.copyto(out, drawn)
+        return out
+    if numpy_type in (np.float32, np.float64):
+        # Drawn in the type itself, so a large float32 input never costs a float64
+        # temporary of the whole tensor (the benchmarks' own memory would otherwise
+        # dwarf the endpoint's); x * 2 - 1 in place rounds as it does on temporaries.
+        values = rng.random(elements, dtype=numpy_type, out=out)
+        values *= 2
+        values -= 1
+        return values
+    values = rng.random(elements, dtype=np.float32)  # float16: drawn in float32, then rounded
     values *= 2
     values -= 1
-    return values.astype(numpy_type, copy=False)
+    if out is None:
+        return values.astype(numpy_type)
+    np.copyto(out, values, casting="same_kind")
+    return out
 
 
 def exact_reduce(inputs: list[np.ndarray], op: ReduceOp) -> list[Fraction]:

@@ -78,6 +78,17 @@ class CollectiveRequest:
     :class:`~cco.nodes.events.OperationCompleted` names them; AVG divides by their
     number.  Every rank must pass the same policy.
 
+    ``out`` receives the result instead of a new array, as MPI's receive buffer
+    does: an array of exactly the result's shape and dtype (ALL_GATHER: world_size x
+    the input's shape; REDUCE_SCATTER: this rank's part), C-contiguous, writeable and
+    sharing no memory with ``array`` (which the operation reads until it
+    completes); the result is then ``out`` itself, its chunks decoded straight into
+    it.  A loop that reuses one ``out`` skips a new array per call, whose first
+    writes fault in fresh memory: in a loop of 64 MiB all-reduces on loopback,
+    reusing the result and input arrays took 11% off each endpoint's CPU per round
+    (BENCHMARKS.md).  A rank that gets no result (REDUCE, not the root) leaves it
+    untouched; if the collective fails, its contents are unspecified.
+
     ``timeout`` in seconds bounds the whole operation.  None (the default) is a
     watchdog instead: the operation fails when none of its chunks completes for the
     group's operation timeout plus one heartbeat interval (so that the tree's Abort,
@@ -94,6 +105,7 @@ class CollectiveRequest:
     timeout: float | None = None
     dtype: DType | None = None
     quorum: Quorum | None = None
+    out: np.ndarray | None = None
 
 
 TREE_FAILURES = frozenset({ErrorCode.PEER_LOST, ErrorCode.STALE_EPOCH})

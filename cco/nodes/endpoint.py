@@ -302,6 +302,8 @@ class EndpointMachine:
         array = None if request.array is None else np.asarray(request.array)
         if array is not None and array.dtype != element.storage:
             raise CcoError(ErrorCode.INVALID_FIELD, f"{dtype.name} arrays are numpy {element.storage}")
+        if request.out is not None:
+            self._check_out(request, array, element.storage)
         check_operation(request.kind, op, dtype, 0 if array is None else array.size)
         exact = array is not None and sums_exactly(request.kind, op, dtype, array.size)
         scaled = form(request.kind, op, dtype, exact) is Form.BLOCK_SCALED
@@ -332,6 +334,7 @@ class EndpointMachine:
             timeout=timeout,
             watchdog=request.timeout is None,
             exact=exact,
+            out=request.out,
         )
         if total >= 0:
             operation.size(total, self._params.chunk_elements, frozenset())
@@ -1255,6 +1258,36 @@ class EndpointMachine:
         if kind is Collective.REDUCE_SCATTER and array.size % world:
             raise CcoError(ErrorCode.INVALID_FIELD, f"{array.size} elements do not split into {world} parts")
         return dtype, request.op, request.root
+
+    def _check_out(self, request: CollectiveRequest, array: np.ndarray | None, storage: np.dtype) -> None:
+        """``out`` must take exactly the result, and never overlap the input."""
+        out = request.out
+        kind = request.kind
+        if not isinstance(out, np.ndarray):
+            raise CcoError(ErrorCode.INVALID_FIELD, f"out is a {type(out).__name__}, not a numpy array")
+        if kind is Collective.BARRIER:
+            raise CcoError(ErrorCode.INVALID_FIELD, "BARRIER has no result to write to out")
+        if array is None:
+            raise CcoError(ErrorCode.INVALID_FIELD, f"{kind.name} with out needs the array too (its shape)")
+        if kind is Collective.ALL_GATHER:
+            shape: tuple[int, ...] = (self._world_size, *array.shape)
+        elif kind is Collective.REDUCE_SCATTER:
+            shape = (array.size // self._world_size,)
+        else:
+            shape = array.shape
+        if out.shape != shape or out.dtype != storage:
+            raise CcoError(
+                ErrorCode.INVALID_FIELD,
+                f"out is {out.dtype} of shape {out.shape}; "
+                f"the {kind.name} result is {storage} of shape {shape}",
+            )
+        if not (out.flags.c_contiguous and out.flags.writeable):
+            raise CcoError(ErrorCode.INVALID_FIELD, "out must be C-contiguous and writeable")
+        if np.may_share_memory(out, array):
+            raise CcoError(
+                ErrorCode.INVALID_FIELD,
+                "out shares memory with the input array, which the operation reads until it completes",
+            )
 
     def _check_quorum(self, kind: Collective, quorum: Quorum) -> None:
         if kind is not Collective.ALL_REDUCE:

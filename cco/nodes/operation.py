@@ -121,6 +121,7 @@ class Operation:
     gated: bool = False  # waits for its presence pass
     listed: frozenset[int] | None = None  # the members its presence pass decided (quorum only)
     presence: Operation | None = None  # the completed presence pass that decided them
+    out: np.ndarray | None = None  # the caller's array for the result (checked at start)
 
     def size(self, total: int, chunk_elements: int, members: frozenset[int]) -> None:
         self.total = total
@@ -243,7 +244,7 @@ class Operation:
                 detail = f"{self.dtype.name} takes two wire integers per element; {self.total} is odd"
                 self.decode_error = CcoError(ErrorCode.INVALID_FIELD, detail)
                 return
-            self.result = np.empty(elements, dtype=ELEMENT_TYPES[self.dtype].storage)
+            self.result = self._result_buffer(elements)
         contributors = 1 if self.kind is Collective.BROADCAST else len(self.members)
         start = index * self.chunk_elements
         try:
@@ -259,6 +260,13 @@ class Operation:
             self.decode_error = CcoError(error.code, f"chunk {index}: {error.detail}")
             return
         positions(self.result, self.dtype, self.kind)[start : start + values.size] = decoded
+
+    def _result_buffer(self, elements: int) -> np.ndarray:
+        """Where verified chunks decode: the caller's ``out`` when it holds the flat
+        result as it is (a view, so nothing is copied at the end), else a new array."""
+        if self.out is not None and self.out.size == elements and self.kind is not Collective.REDUCE_SCATTER:
+            return self.out.reshape(-1)
+        return np.empty(elements, dtype=ELEMENT_TYPES[self.dtype].storage)
 
     def _sum_limbs(self, index: int, values: np.ndarray) -> None:
         """Keep chunk ``index``'s limb sums; once every position is in, round them
@@ -278,9 +286,17 @@ class Operation:
         self.sums = None
 
     def shaped_result(self) -> np.ndarray:
-        """The decoded result in the shape the caller expects."""
+        """The decoded result in the shape the caller expects: ``out`` when the caller
+        gave one (copied there unless it was decoded in place)."""
         assert self.result is not None
-        decoded = self.result
+        shaped = self._shaped(self.result)
+        if self.out is None:
+            return shaped
+        if not np.may_share_memory(shaped, self.out):  # EXACT limbs, or a REDUCE_SCATTER part
+            np.copyto(self.out, shaped)
+        return self.out
+
+    def _shaped(self, decoded: np.ndarray) -> np.ndarray:
         if self.kind is Collective.ALL_GATHER:
             assert self.shape is not None
             return decoded.reshape((self.world_size, *self.shape))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import hashlib
 import json
@@ -345,18 +346,24 @@ async def _allreduce_rounds(
     Drawing the input and hashing the result run in a worker thread: for 64 MiB they
     took 0.13 s and 0.23 s of CPU, which on a loaded machine held the event loop (and
     so this node's heartbeats) for seconds, long enough for the rendezvous to evict
-    the rank.
+    the rank.  Every round reuses one input and one result array, as a training loop
+    reuses its buffers (and as the Gloo side of the benchmarks reuses its tensor).
     """
     records = []
+    data: np.ndarray | None = None
+    out: np.ndarray | None = None
     for round_index in range(rounds):
-        data = await asyncio.to_thread(make_input, WORKLOAD_SEED, round_index, comm.rank, dtype, elements)
+        draw = functools.partial(make_input, WORKLOAD_SEED, round_index, comm.rank, dtype, elements, out=data)
+        data = await asyncio.to_thread(draw)
+        if out is None:
+            out = np.empty_like(data)
         start = time.perf_counter()
         contributors: list[int] | None = None
         if quorum is None:
-            result = await comm.all_reduce(data, ReduceOp.SUM, width=width)
+            result = await comm.all_reduce(data, ReduceOp.SUM, width=width, out=out)
         else:
             partial = await comm.all_reduce_quorum(
-                data, ReduceOp.SUM, min_ranks=quorum.min_ranks, wait=quorum.wait, width=width
+                data, ReduceOp.SUM, min_ranks=quorum.min_ranks, wait=quorum.wait, width=width, out=out
             )
             result, contributors = partial.array, sorted(partial.contributors)
         seconds = time.perf_counter() - start
