@@ -89,6 +89,22 @@ def test_the_result_lands_in_out_with_the_same_bits(
         assert outs[rank].shape == expected.shape and outs[rank].tobytes() == expected.tobytes()
 
 
+def test_bfloat16_in_float32_arrays_lands_in_a_float32_out() -> None:
+    dep = deploy()
+    arrays = inputs(np.float32, 200)
+    outs = {r: np.empty(200, dtype=np.float32) for r in range(WORLD)}
+
+    def request(rank: int, out: np.ndarray | None) -> CollectiveRequest:
+        return CollectiveRequest(
+            kind=Collective.ALL_REDUCE, array=arrays[rank], dtype=DType.BFLOAT16, out=out
+        )
+
+    plain = results(dep.collective(GROUP, {r: request(r, None) for r in range(WORLD)}))
+    into = results(dep.collective(GROUP, {r: request(r, outs[r]) for r in range(WORLD)}))
+    for rank in range(WORLD):
+        assert into[rank] is outs[rank] and outs[rank].tobytes() == plain[rank].tobytes()  # type: ignore[union-attr]
+
+
 def test_verified_chunks_decode_straight_into_out() -> None:
     """No copy at the end: out holds the first chunk while later ones are in flight."""
     dep = deploy()
