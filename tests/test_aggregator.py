@@ -388,10 +388,25 @@ def test_different_chunk_in_place_of_one_taken_is_a_duplicate_contribution() -> 
     assert errors(rig.send("ep1", chunk(1, values=[0, 0, 0, 0])), "ep1") == [ErrorCode.DUPLICATE_CONTRIBUTION]
 
 
-def test_a_changed_payload_under_the_same_tag_is_not_taken_for_a_copy() -> None:
-    """The fingerprint covers the payload itself, not only the tag that seals it."""
+def test_a_changed_payload_under_the_same_tag_is_taken_for_a_copy_and_not_added() -> None:
+    """A tagged chunk's fingerprint is its header with the tag, which seals the
+    payload: another payload under the same tag is a forged MAC, and its sender
+    gains nothing, since a chunk taken for a copy is not added either."""
     rig = root_rig()
     first = chunk(0, values=[1, 1, 1, 1])
+    rig.send("ep0", first)
+    forged = dataclasses.replace(first, payload=bytes([1, 1, 1, 9]))
+    assert rig.send("ep0", forged) == []  # not added, not answered
+    rig.send("ep1", chunk(1))
+    (result, *_) = sent(rig.send("ep2", chunk(2)), None, Result)
+    assert payload.open_verified(KEYS[GROUP], result, frozenset({0, 1, 2})).tolist() == [6, 6, 6, 6]
+
+
+def test_a_changed_payload_of_an_untagged_chunk_is_a_duplicate_contribution() -> None:
+    """MIN, MAX and the bitwise ops carry no tag: their payload itself is fingerprinted."""
+    rig = root_rig()
+    first = chunk(0, values=[1, 1, 1, 1], op=ReduceOp.MAX)
+    assert first.tag is None
     rig.send("ep0", first)
     changed = dataclasses.replace(first, payload=bytes([1, 1, 1, 2]))
     assert errors(rig.send("ep0", changed), "ep0") == [ErrorCode.DUPLICATE_CONTRIBUTION]
