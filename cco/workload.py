@@ -64,13 +64,6 @@ def make_input(
     numpy_type = NUMPY_TYPES[dtype]
     if out is not None and (out.dtype != numpy_type or out.shape != (elements,)):
         raise ValueError(f"out is {out.dtype} of shape {out.shape}, not {elements} of {np.dtype(numpy_type)}")
-    if np.issubdtype(numpy_type, np.integer):
-        bound = 1000 if np.dtype(numpy_type).itemsize > 1 else 3
-        drawn = rng.integers(-bound, bound, size=elements, endpoint=True).astype(numpy_type)
-        if out is None:
-            return drawn
-        np.copyto(out, drawn)
-        return out
     if numpy_type in (np.float32, np.float64):
         # Drawn in the type itself, so a large float32 input never costs a float64
         # temporary of the whole tensor (the benchmarks' own memory would otherwise
@@ -79,12 +72,17 @@ def make_input(
         values *= 2
         values -= 1
         return values
-    values = rng.random(elements, dtype=np.float32)  # float16: drawn in float32, then rounded
-    values *= 2
-    values -= 1
+    if np.issubdtype(numpy_type, np.integer):
+        bound = 1000 if np.dtype(numpy_type).itemsize > 1 else 3
+        drawn = rng.integers(-bound, bound, size=elements, endpoint=True).astype(numpy_type)
+    else:  # float16: drawn in float32, then rounded
+        wide = rng.random(elements, dtype=np.float32)
+        wide *= 2
+        wide -= 1
+        drawn = wide.astype(numpy_type)
     if out is None:
-        return values.astype(numpy_type)
-    np.copyto(out, values, casting="same_kind")
+        return drawn
+    np.copyto(out, drawn)
     return out
 
 

@@ -199,9 +199,10 @@ def fingerprint(message: ChunkMessage) -> bytes:
     and contributors: another payload under the same header and tag comes only from
     a sender that forges the MAC, and it gains nothing, since a chunk taken for a
     copy is not combined either; the sender only misses its DUPLICATE_CONTRIBUTION
-    (draft section "Aggregator Processing").  So the payload itself is hashed, with CRC-32, only
-    for untagged chunks (MIN, MAX and the bitwise ops).  Hashing every payload took
-    5% of an aggregator's CPU in a 64 MiB all-reduce (BLAKE2b before it, a sixth).
+    (draft section "Aggregator Processing").  So the payload itself is hashed, with
+    CRC-32, only for untagged chunks (MIN, MAX and the bitwise ops).  Hashing every
+    payload took 5% of an aggregator's CPU in a 64 MiB all-reduce (BLAKE2b before
+    it, a sixth).
     """
     header = (
         int(message.TYPE),

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import gc
 import hashlib
 import json
@@ -353,8 +352,9 @@ async def _allreduce_rounds(
     data: np.ndarray | None = None
     out: np.ndarray | None = None
     for round_index in range(rounds):
-        draw = functools.partial(make_input, WORKLOAD_SEED, round_index, comm.rank, dtype, elements, out=data)
-        data = await asyncio.to_thread(draw)
+        data = await asyncio.to_thread(
+            make_input, WORKLOAD_SEED, round_index, comm.rank, dtype, elements, out=data
+        )
         if out is None:
             out = np.empty_like(data)
         start = time.perf_counter()
