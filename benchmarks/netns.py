@@ -405,6 +405,12 @@ def _flag(name: str, value: int | None) -> list[str]:
     return [] if value is None else [f"--{name}", str(value)]
 
 
+def last_call_to_last_result(started: list[float], seconds: list[float]) -> float:
+    """From the last call to the last result of one collective, given when each rank
+    called (one clock for all) and how long it took."""
+    return max(t + s for t, s in zip(started, seconds, strict=True)) - max(started)
+
+
 @dataclass(frozen=True, slots=True)
 class EndpointRun:
     """What the endpoints of one run reported: per rank, the workload's result file."""
@@ -418,6 +424,20 @@ class EndpointRun:
         """Each round's time on the slowest rank."""
         rounds = len(self.reports[0]["rounds"])
         return [max(r["rounds"][i]["seconds"] for r in self.reports) for i in range(rounds)]
+
+    def from_last_call(self) -> list[float]:
+        """Each round's time from the last rank's call to the last rank's result.
+
+        A rank that calls early waits for the others, and its own time counts that
+        wait; on a host whose cores the ranks share, the last rank to get its result
+        of one round is also the last to call the next.  This leaves the wait out:
+        what the collective takes once every rank has called (the ranks' ``started``
+        share one clock on one host)."""
+        rounds = [[r["rounds"][i] for r in self.reports] for i in range(len(self.reports[0]["rounds"]))]
+        return [
+            last_call_to_last_result([r["started"] for r in ranks], [r["seconds"] for r in ranks])
+            for ranks in rounds
+        ]
 
     def bit_identical(self) -> bool:
         rounds = len(self.reports[0]["rounds"])

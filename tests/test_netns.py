@@ -44,6 +44,18 @@ def test_tbf_sizes_pass_jumbo_frames_and_queue_bursts() -> None:
         netns.tbf_sizes(0, 1500)
 
 
+def test_from_the_last_call_leaves_out_the_early_ranks_wait() -> None:
+    # rank 0 called first and waited longest; rank 2 called last, at 11.0, and the
+    # last result (rank 0's) came at 12.0
+    assert netns.last_call_to_last_result([10.0, 10.5, 11.0], [2.0, 1.0, 0.4]) == pytest.approx(1.0)
+    round_ = [{"started": t, "seconds": s} for t, s in ((5.0, 0.3), (5.2, 0.2))]
+    run = netns.EndpointRun(
+        reports=[{"rounds": [r]} for r in round_], wall_seconds=1.0, cpu_seconds=[0.1, 0.1]
+    )
+    assert run.from_last_call() == [pytest.approx(0.2)]
+    assert run.round_seconds() == [0.3]
+
+
 @needs_namespaces
 @pytest.mark.timeout(120)
 def test_allreduce_across_the_star(tmp_path: Path) -> None:
@@ -66,6 +78,8 @@ def test_allreduce_across_the_star(tmp_path: Path) -> None:
     assert all(len(report["rounds"]) == ROUNDS for report in run.reports)
     assert all(r["bytes"] == ELEMENTS * 4 for report in run.reports for r in report["rounds"])
     assert run.bit_identical()
+    for waited, slowest in zip(run.from_last_call(), run.round_seconds(), strict=True):
+        assert 0 < waited <= slowest  # the ranks' "started" share one clock
     for link in stats:  # each rank's contribution went up and the result came down its link
         assert link["up_bytes"] > ROUNDS * ELEMENTS * 4
         assert link["down_bytes"] > ROUNDS * ELEMENTS * 4

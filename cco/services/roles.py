@@ -347,6 +347,10 @@ async def _allreduce_rounds(
     so this node's heartbeats) for seconds, long enough for the rendezvous to evict
     the rank.  Every round reuses one input and one result array, as a training loop
     reuses its buffers (and as the Gloo side of the benchmarks reuses its tensor).
+
+    Each record also has ``started``, the call's time on ``time.monotonic()`` (on
+    Linux the system-wide CLOCK_MONOTONIC), so that the ranks' records of one host can
+    be lined up: when the last rank called, and when the last one had its result.
     """
     records = []
     data: np.ndarray | None = None
@@ -357,7 +361,7 @@ async def _allreduce_rounds(
         )
         if out is None:
             out = np.empty_like(data)
-        start = time.perf_counter()
+        started, start = time.monotonic(), time.perf_counter()
         contributors: list[int] | None = None
         if quorum is None:
             result = await comm.all_reduce(data, ReduceOp.SUM, width=width, out=out)
@@ -371,6 +375,7 @@ async def _allreduce_rounds(
         record: dict[str, Any] = {
             "round": round_index,
             "seconds": seconds,
+            "started": started,
             "bytes": data.nbytes,
             "sha256": digest,
         }
