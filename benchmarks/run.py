@@ -284,14 +284,16 @@ def gloo_runs(
         key = str(size)
         per_rank = [report["seconds"][key] for report in reports]
         slowest = [max(times) for times in zip(*per_rank, strict=True)]
-        calls = zip(*(report["started"][key] for report in reports), strict=True)
+        from_last_call = [
+            netns.last_call_to_last_result(
+                [report["started"][key][i] for report in reports], [times[i] for times in per_rank]
+            )
+            for i in range(len(slowest))
+        ]
         results[size] = {
             "round_seconds": slowest,
             "median_seconds": statistics.median(slowest),
-            "from_last_call_seconds": [
-                netns.last_call_to_last_result(list(started), list(seconds))
-                for started, seconds in zip(calls, zip(*per_rank, strict=True), strict=True)
-            ],
+            "from_last_call_seconds": from_last_call,
         }
     return results
 
