@@ -6,7 +6,8 @@ aggregator as separate ``cco-node`` processes on 127.0.0.1, the endpoints'
 and group sizes in turn so their figures come from the same minutes: a float SUM of
 at most 16 elements is EXACT (one pass), int32 its integer counterpart.  Prints p50
 and p99 over the rounds after the first ``run.LATENCY_WARMUP`` (as ``run.py`` does),
-and the aggregator's and each endpoint's CPU per round (a run of 10 rounds subtracted
+the p50 of the same rounds from the last rank's call to the last result, and the
+aggregator's and each endpoint's CPU per round (a run of 10 rounds subtracted
 from the measured one, which removes start-up and joining), and writes JSON.
 
     python benchmarks/bench_latency.py --dtypes float32 int32 --rounds 300 --repeats 2
@@ -47,6 +48,7 @@ def measure(dtype: str, elements: int, rounds: int, endpoints: int, workdir: Pat
         run, agg_long = timed(rounds)
     extra = rounds - BASELINE_ROUNDS
     times = run.round_seconds()[LATENCY_WARMUP:]  # fresh endpoint processes settle first
+    from_last_call = run.from_last_call()[LATENCY_WARMUP:]
     return {
         "dtype": dtype,
         "endpoints": endpoints,
@@ -54,6 +56,7 @@ def measure(dtype: str, elements: int, rounds: int, endpoints: int, workdir: Pat
         "rounds": rounds,
         "p50_seconds": percentile(times, 50),
         "p99_seconds": percentile(times, 99),
+        "from_last_call_p50_seconds": percentile(from_last_call, 50),
         "aggregator_cpu_per_round": (agg_long - agg_short) / extra,
         "endpoint_cpu_per_round": (sum(run.cpu_seconds) - sum(short.cpu_seconds)) / endpoints / extra,
     }
@@ -81,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(result)
                 print(
                     f"{dtype:8} N={endpoints}  p50 {result['p50_seconds'] * 1e3:6.2f} ms"
-                    f"  p99 {result['p99_seconds'] * 1e3:6.2f} ms  CPU per round:"
+                    f"  p99 {result['p99_seconds'] * 1e3:6.2f} ms"
+                    f"  from the last call p50 {result['from_last_call_p50_seconds'] * 1e3:5.2f} ms"
+                    f"  CPU per round:"
                     f" aggregator {result['aggregator_cpu_per_round'] * 1e3:5.2f} ms,"
                     f" endpoint {result['endpoint_cpu_per_round'] * 1e3:5.2f} ms",
                     flush=True,
