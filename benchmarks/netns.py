@@ -433,10 +433,13 @@ class EndpointRun:
         of one round is also the last to call the next.  This leaves the wait out:
         what the collective takes once every rank has called (the ranks' ``started``
         share one clock on one host)."""
-        rounds = [[r["rounds"][i] for r in self.reports] for i in range(len(self.reports[0]["rounds"]))]
+        rounds = len(self.reports[0]["rounds"])
         return [
-            last_call_to_last_result([r["started"] for r in ranks], [r["seconds"] for r in ranks])
-            for ranks in rounds
+            last_call_to_last_result(
+                [r["rounds"][i]["started"] for r in self.reports],
+                [r["rounds"][i]["seconds"] for r in self.reports],
+            )
+            for i in range(rounds)
         ]
 
     def bit_identical(self) -> bool:

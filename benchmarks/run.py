@@ -554,7 +554,7 @@ def tags_target(tagged: dict[str, Any], untagged: dict[str, Any] | None) -> Targ
 
 def last_call_figure(entry: dict[str, Any], prefix: str = "") -> str:
     """p50 / p99 of a run's ``from_last_call_seconds``; empty if it has none."""
-    times = sorted(entry.get("from_last_call_seconds", []))
+    times = entry.get("from_last_call_seconds", [])
     if not times:
         return ""
     return f"{prefix}{percentile(times, 50) * 1e3:.2f} / {percentile(times, 99) * 1e3:.2f} ms"

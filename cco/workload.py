@@ -64,23 +64,20 @@ def make_input(
     numpy_type = NUMPY_TYPES[dtype]
     if out is not None and (out.dtype != numpy_type or out.shape != (elements,)):
         raise ValueError(f"out is {out.dtype} of shape {out.shape}, not {elements} of {np.dtype(numpy_type)}")
-    if numpy_type in (np.float32, np.float64):
-        # Drawn in the type itself, so a large float32 input never costs a float64
-        # temporary of the whole tensor (the benchmarks' own memory would otherwise
-        # dwarf the endpoint's); x * 2 - 1 in place rounds as it does on temporaries.
-        values = rng.random(elements, dtype=numpy_type, out=out)
-        values *= 2
-        values -= 1
-        return values
     if np.issubdtype(numpy_type, np.integer):
         bound = 1000 if np.dtype(numpy_type).itemsize > 1 else 3
         drawn = rng.integers(-bound, bound, size=elements, endpoint=True).astype(numpy_type)
-    else:  # float16: drawn in float32, then rounded
-        wide = rng.random(elements, dtype=np.float32)
-        wide *= 2
-        wide -= 1
-        drawn = wide.astype(numpy_type)
-    if out is None:
+    else:
+        # Drawn in the type itself (float16 in float32, then rounded), so a large
+        # float32 input never costs a float64 temporary of the whole tensor (the
+        # benchmarks' own memory would otherwise dwarf the endpoint's); x * 2 - 1 in
+        # place rounds as it does on temporaries.
+        drawn_type = np.float64 if numpy_type is np.float64 else np.float32
+        drawn = rng.random(elements, dtype=drawn_type, out=out if drawn_type is numpy_type else None)
+        drawn *= 2
+        drawn -= 1
+        drawn = drawn.astype(numpy_type, copy=False)
+    if out is None or drawn is out:
         return drawn
     np.copyto(out, drawn)
     return out
