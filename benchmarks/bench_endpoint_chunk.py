@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cco.wire import blockscale, payload
+from cco.wire import blockscale, kernels, payload
 from cco.wire.dtypes import ELEMENT_TYPES
 from cco.wire.mac import CoefficientCache, derive_group_keys
 from cco.wire.messages import Result, decode_message, encode_message
@@ -87,7 +87,7 @@ def steps(elements: int) -> dict[str, Callable[[], object]]:
     everyone = frozenset(range(RANKS))
     verified = payload.open_verified(keys, result, everyone)
     own = chunk_values(0)
-    # As in the endpoint, sealing keeps the chunk's split coefficients and verifying
+    # As in the endpoint, sealing keeps the chunk's coefficients and verifying
     # its Result takes them back; each timed verification gets them again.
     cache = CoefficientCache(1)
     payload.seal(keys, header, 0, own, coefficients=cache)
@@ -126,8 +126,16 @@ def main(argv: list[str] | None = None) -> int:
     total = sum(rows.values())
     rate = args.elements * 4 / total / 1e6
     print(f"{'all steps':16} {total * 1e6:8.0f} us   {rate:7.0f} MB/s of float32 per core")
+    path = kernels.active()
+    print(f"the MAC's inner product on {path} (CCO_KERNELS=numpy or numba chooses)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    record = {"benchmark": "bench_endpoint_chunk", "elements": args.elements, "ranks": RANKS, "seconds": rows}
+    record = {
+        "benchmark": "bench_endpoint_chunk",
+        "elements": args.elements,
+        "ranks": RANKS,
+        "inner_product": path,
+        "seconds": rows,
+    }
     args.out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0

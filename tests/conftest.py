@@ -9,11 +9,14 @@ a path in their temporary directory (flags win over the environment).
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from collections.abc import Iterator
 
 import pytest
 
 from cco.transport.config import QUIC_BACKEND_ENV
+from cco.wire import kernels
 
 os.environ["CCO_STORE"] = ":memory:"
 
@@ -29,11 +32,22 @@ os.environ["CCO_STORE"] = ":memory:"
 
 QUIC_BACKENDS = ("aioquic", "qh3")
 
+# --- the MAC's inner product --------------------------------------------------------
+#
+# The MAC tests run once on each path of the inner product: the compiled loop
+# (numba) and numpy's limbs (``CCO_KERNELS``, see cco/wire/kernels.py).  Where numba
+# is not installed the compiled run is skipped, saying so.  Other tests use the
+# environment's choice.
+
+BOTH_PATHS = ("test_payload_mac", "test_payload_coefficients", "test_payload_attacks")
+
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "quic_backend" in metafunc.fixturenames and metafunc.module.__name__.startswith("test_transport"):
         backends = getattr(metafunc.module, "QUIC_BACKENDS", QUIC_BACKENDS)
         metafunc.parametrize("quic_backend", backends, indirect=True)
+    if "inner_product_path" in metafunc.fixturenames and metafunc.module.__name__ in BOTH_PATHS:
+        metafunc.parametrize("inner_product_path", kernels.CHOICES, indirect=True)
 
 
 @pytest.fixture(autouse=True)
@@ -42,3 +56,15 @@ def quic_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     if backend is not None:
         monkeypatch.setenv(QUIC_BACKEND_ENV, backend)
     return backend or os.environ.get(QUIC_BACKEND_ENV, "qh3")
+
+
+@pytest.fixture(autouse=True)
+def inner_product_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    choice: str | None = getattr(request, "param", None)
+    if choice == "numba" and importlib.util.find_spec("numba") is None:
+        pytest.skip("numba is not installed (pip install '.[fast]'): the compiled product is not tested")
+    if choice is not None:
+        monkeypatch.setenv(kernels.KERNELS_ENV, choice)
+    kernels.reset()
+    yield kernels.active() if choice is not None else os.environ.get(kernels.KERNELS_ENV, "numba")
+    kernels.reset()

@@ -29,7 +29,7 @@ from collections.abc import Iterable
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from cco.wire.modp import BLOCK, SMALL_BLOCK, WORD_MASK, InnerProduct, P, split_words
+from cco.wire.modp import BLOCK, SMALL_BLOCK, WORD_MASK, InnerProduct, P, prepare
 
 KEY_SIZE = 32
 INFO_K1 = b"cco/1 mac k1"
@@ -38,7 +38,8 @@ _CTR_FROM_ZERO = modes.CTR(bytes(16))
 _ZEROS = bytes(8 * BLOCK)
 DEFAULT_CACHE_BYTES = 16 << 20
 """What a :class:`CoefficientCache` holds at most unless told otherwise: the
-coefficients of one chunk of the largest size (2^20 elements).  The default window's
+coefficients of one chunk of the largest size (2^20 elements) split into limbs, or
+of two as words for the compiled loop.  The default window's
 four chunks of the 131072 elements recommended for fast links take half of it."""
 
 
@@ -159,12 +160,13 @@ class CoefficientCache:
     same coefficients u.  Deriving them (the AES keystream, then splitting each word
     into the two limbs the inner product multiplies) is about half of an inner
     product's time: 131 of 276 us for 32 Ki int32 elements on the reference machine.
-    Sealing keeps the split coefficients here and verifying takes them back, so each
-    chunk derives them once.
+    Sealing keeps the coefficients here, as :func:`~cco.wire.modp.prepare` gives them
+    (split into limbs, or the words themselves for the compiled loop), and verifying
+    takes them back, so each chunk derives them once.
 
     Entries are keyed by the group keys as well as the chunk id, so coefficients
     never outlive the keys that made them.  At most ``chunks`` chunks and
-    ``max_bytes`` bytes (16 per element) are kept; keeping more drops the oldest, and
+    ``max_bytes`` bytes (16 per element split, 8 as words) are kept; keeping more drops the oldest, and
     a chunk larger than ``max_bytes`` is not kept.  A chunk not found is derived
     again, so the bounds cost time, never a wrong tag.
     """
@@ -198,10 +200,10 @@ class CoefficientCache:
             self._forget(next(iter(self._kept)))
 
     def take(self, keys: GroupKeys, chunk_id: bytes, elements: int) -> list[np.ndarray] | None:
-        """The chunk's split coefficients, removed from the cache, if it holds them for
+        """The chunk's prepared coefficients, removed from the cache, if it holds them for
         exactly ``elements`` elements."""
         blocks = self._forget((keys, chunk_id))
-        if blocks is None or sum(block.shape[1] for block in blocks) != elements:
+        if blocks is None or sum(block.shape[-1] for block in blocks) != elements:
             return None
         return blocks
 
@@ -224,7 +226,7 @@ def inner_product(
 
     The keystream is produced and consumed one block at a time, so memory does not
     grow with the chunk, unless ``keep`` is given: then a chunk of more than
-    ``SMALL_BLOCK`` elements keeps its split coefficients there.  ``reuse`` is a cache
+    ``SMALL_BLOCK`` elements keeps its prepared coefficients there.  ``reuse`` is a cache
     to take them from instead of deriving them.
     """
     n = len(values)
@@ -232,7 +234,7 @@ def inner_product(
     kept = reuse.take(keys, chunk_id, n) if reuse is not None else None
     if kept is not None:
         for start, u in zip(range(0, n, BLOCK), kept, strict=True):
-            product.add_split(u, values[start : start + BLOCK])
+            product.add_prepared(u, values[start : start + BLOCK])
         return product.result()
     cache = keep if n > SMALL_BLOCK else None
     blocks: list[np.ndarray] = []
@@ -244,8 +246,8 @@ def inner_product(
         encryptor.update_into(memoryview(_ZEROS)[: 8 * m], buffer)
         words = np.frombuffer(buffer, dtype="<u8", count=m)
         if cache is not None:
-            blocks.append(split_words(words, np.empty((2, m), dtype=np.uint64)))
-            product.add_split(blocks[-1], block)
+            blocks.append(prepare(words, values.dtype.itemsize))
+            product.add_prepared(blocks[-1], block)
         else:
             product.add(words, block)
     if cache is not None:

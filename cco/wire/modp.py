@@ -15,7 +15,9 @@ products (one pass in C, no temporary array) never overflow:
 Over a block of at most 2^16 elements every limb-by-limb sum stays in range: an
 unsigned one below (2^32 - 1)(2^16 - 1) 2^16 < 2^64 in ``uint64``, a signed one
 below (2^32 - 1) 2^15 2^16 < 2^63 in ``int64``.  The limb sums are recombined with
-Python integers and reduced mod p once per block.  (Measured on the reference
+Python integers and reduced mod p once per block.  Where numba is installed, blocks
+of integers of at most 32 bits go through a compiled loop instead
+(:mod:`cco.wire.kernels`), which computes the same integer.  (Measured on the reference
 machine: 0.61 ms per 64 Ki int32 elements with the coefficients' AES keystream,
 against 0.89 ms for float64 products of 8-bit limbs through BLAS, whose exactness
 needed 8192-element sub-blocks and eight float64 copies of every coefficient.)
@@ -26,6 +28,8 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+
+from cco.wire import kernels
 
 P = (1 << 61) - 1
 """The field modulus, a Mersenne prime: 2^61 = 1 (mod p)."""
@@ -84,7 +88,18 @@ class InnerProduct:
             pairs = zip(words.tolist(), values.tolist(), strict=True)
             self._total = (self._total + sum((w & WORD_MASK) * y for w, y in pairs)) % P
             return
+        compiled = kernels.compiled_sums(self._width)
+        if compiled is not None:
+            self._total = (self._total + kernels.combine(compiled(words, values))) % P
+            return
         self.add_split(split_words(words, _scratch.u_limbs[:, :m]), values)
+
+    def add_prepared(self, prepared: np.ndarray, values: np.ndarray) -> None:
+        """Add one block whose coefficients :func:`prepare` kept."""
+        if prepared.ndim == 1:
+            self.add(prepared, values)
+        else:
+            self.add_split(prepared, values)
 
     def add_split(self, u: np.ndarray, values: np.ndarray) -> None:
         """Add one block whose coefficients are already split: ``u`` as
@@ -109,6 +124,16 @@ class InnerProduct:
     def result(self) -> int:
         """The inner product mod p, in [0, p)."""
         return self._total
+
+
+def prepare(words: np.ndarray, width: int) -> np.ndarray:
+    """One block's coefficients in the form the inner product at ``width`` takes
+    fastest, for :meth:`InnerProduct.add_prepared` to use again: a copy of the words
+    where the compiled loop multiplies them (8 bytes per element), else the limbs of
+    :func:`split_words` (16)."""
+    if kernels.compiled_sums(width) is not None:
+        return words.copy()
+    return split_words(words, np.empty((2, len(words)), dtype=np.uint64))
 
 
 def split_words(words: np.ndarray, out: np.ndarray) -> np.ndarray:

@@ -1,0 +1,153 @@
+"""The compiled inner product: the same exact integer as numpy's limbs, loaded only
+where a block needs it.
+
+The six sums of :func:`~cco.wire.kernels.offset_product_sums` are checked against
+Python integers with the function run as Python (no numba needed), then the compiled
+loop against the same function, at the ends of every integer range and at the
+largest coefficients.  Coefficients kept by one path are taken back by the other,
+so peers and a process that changes its choice agree.  The MAC tests themselves
+(test_payload_mac.py and its neighbours) run once on each path, through the
+``inner_product_path`` fixture in conftest.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from cco.wire import kernels, mac
+from cco.wire.modp import BLOCK, SMALL_BLOCK, InnerProduct, P, prepare
+from cco.wire.payload import derive_group_keys
+
+HAVE_NUMBA = importlib.util.find_spec("numba") is not None
+NEEDS_NUMBA = pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed (pip install '.[fast]')")
+KEYS = derive_group_keys(bytes(range(32)), bytes(range(16, 32)))
+TYPES = [np.int8, np.int16, np.int32]
+
+
+def exact(words: np.ndarray, values: np.ndarray) -> int:
+    return sum((int(w) % 2**61) * int(y) for w, y in zip(words, values, strict=True))
+
+
+def cases(dtype: type[np.signedinteger], n: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Random words and integers, and every integer at each end of its range under
+    the largest words (all ones: u = 2^61 - 1 once the top three bits are dropped)."""
+    rng = np.random.default_rng(n)
+    info = np.iinfo(dtype)
+    words = rng.integers(0, 2**64, size=n, dtype=np.uint64)
+    largest = np.full(n, np.uint64(2**64 - 1))
+    return [
+        (words, rng.integers(info.min, info.max, size=n, endpoint=True).astype(dtype)),
+        (largest, np.full(n, info.min, dtype=dtype)),
+        (largest, np.full(n, info.max, dtype=dtype)),
+    ]
+
+
+@pytest.mark.parametrize("dtype", TYPES)
+@pytest.mark.parametrize("n", [1, 7, 100])
+def test_the_six_sums_make_the_exact_product(dtype: type[np.signedinteger], n: int) -> None:
+    for words, values in cases(dtype, n):
+        assert kernels.combine(kernels.offset_product_sums(words, values)) == exact(words, values)
+
+
+@NEEDS_NUMBA
+@pytest.mark.parametrize("dtype", TYPES)
+@pytest.mark.parametrize("n", [1, SMALL_BLOCK + 1, 1000, BLOCK])
+def test_the_compiled_loop_gives_the_same_sums(
+    dtype: type[np.signedinteger], n: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(kernels.KERNELS_ENV, "numba")
+    kernels.reset()
+    compiled = kernels.compiled_sums(np.dtype(dtype).itemsize)
+    assert compiled is not None
+    for words, values in cases(dtype, n):
+        product = kernels.combine(compiled(words, values))
+        if n <= 1000:
+            assert product == kernels.combine(kernels.offset_product_sums(words, values))
+        assert product == exact(words, values)
+
+
+@NEEDS_NUMBA
+def test_the_compiled_loop_reads_a_strided_array_as_its_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(kernels.KERNELS_ENV, "numba")
+    kernels.reset()
+    values = np.arange(-3000, 3000, dtype=np.int32)[::3]
+    words = np.random.default_rng(3).integers(0, 2**64, size=len(values), dtype=np.uint64)
+    product = InnerProduct(4)
+    product.add(words, values)
+    assert product.result() == exact(words, values) % P
+
+
+def test_wider_integers_are_never_compiled() -> None:
+    assert kernels.compiled_sums(8) is None
+
+
+@pytest.mark.parametrize("choice", kernels.CHOICES)
+def test_either_path_takes_back_what_the_other_kept(choice: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sealing under one path and verifying under the other (a process whose choice
+    changed between the two) gives the product of a fresh derivation."""
+    if not HAVE_NUMBA:
+        pytest.skip("numba is not installed (pip install '.[fast]'): one of the two paths is missing")
+    other = next(c for c in kernels.CHOICES if c != choice)
+    values = np.random.default_rng(9).integers(-(2**31), 2**31, size=5000).astype(np.int32)
+    cache = mac.CoefficientCache(chunks=2)
+    monkeypatch.setenv(kernels.KERNELS_ENV, choice)
+    kernels.reset()
+    sealed = mac.inner_product(KEYS, b"chunk", values, keep=cache)
+    assert len(cache) == 1
+    assert cache.nbytes == (8 if choice == "numba" else 16) * len(values)
+    monkeypatch.setenv(kernels.KERNELS_ENV, other)
+    kernels.reset()
+    assert mac.inner_product(KEYS, b"chunk", values, reuse=cache) == sealed
+    assert len(cache) == 0
+    assert sealed == mac.inner_product(KEYS, b"chunk", values)
+
+
+def test_prepared_coefficients_are_words_only_for_the_compiled_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    words = np.arange(40, dtype=np.uint64)
+    monkeypatch.setenv(kernels.KERNELS_ENV, "numpy")
+    kernels.reset()
+    assert prepare(words, 4).shape == (2, 40)
+    if HAVE_NUMBA:
+        monkeypatch.setenv(kernels.KERNELS_ENV, "numba")
+        kernels.reset()
+        kept = prepare(words, 4)
+        assert kept.shape == (40,) and not np.shares_memory(kept, words)
+        assert prepare(words, 8).shape == (2, 40)
+
+
+def test_an_unknown_choice_is_logged_and_numpy_is_used(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv(kernels.KERNELS_ENV, "fortran")
+    kernels.reset()
+    with caplog.at_level(logging.WARNING, logger="cco.wire.kernels"):
+        assert kernels.active() == "numpy"
+    assert "CCO_KERNELS='fortran' is not one of numba, numpy" in caplog.text
+
+
+def test_numba_is_loaded_by_the_first_block_that_uses_it_and_no_sooner() -> None:
+    """Nodes, the aggregator's arithmetic and small chunks never import numba (its
+    import alone takes a quarter of a second and tens of MiB); a large block does,
+    where it is installed."""
+    script = """
+import sys
+import numpy as np
+import cco.cli, cco.nodes.aggregator, cco.nodes.endpoint
+from cco.wire import mac
+from cco.wire.payload import derive_group_keys
+keys = derive_group_keys(bytes(32), bytes(16))
+mac.inner_product(keys, b"small", np.arange(32, dtype=np.int32))
+print("numba" in sys.modules)
+mac.inner_product(keys, b"large", np.arange(33, dtype=np.int32))
+print("numba" in sys.modules)
+"""
+    env = {k: v for k, v in os.environ.items() if k != kernels.KERNELS_ENV}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.split() == ["False", str(HAVE_NUMBA)]
