@@ -434,6 +434,23 @@ def test_quantization_refuses_a_value_above_its_agreed_scale() -> None:
     assert caught.value.code is ErrorCode.INVALID_FIELD
 
 
+@pytest.mark.parametrize("n", [1, 64])  # one element (numpy), and enough for the compiled loop
+@pytest.mark.parametrize(("limit", "top"), [(sum_limit(4, 4), 29), (sum_limit(4, 1), 31)])
+def test_the_range_check_is_exact_where_binary32_rounds_the_limit(n: int, limit: int, top: int) -> None:
+    """2^29 - 1 (the sum limit of four ranks at width 4) and 2^31 - 1 round up to 2^29
+    and 2^31 in binary32.  A product of exactly that power is one above the limit and
+    is refused; the largest binary32 integer below it passes."""
+    f32 = element_type(DType.FLOAT32)
+    assert limit == 2**top - 1 and float(np.float32(limit)) == 2**top
+    ones = np.ones(n, dtype=np.float32)
+    with pytest.raises(CcoError, match="element 0 ") as caught:
+        quantize(ones, f32, np.array([top]), n, limit, out=np.empty(n, dtype=np.int64))
+    assert caught.value.code is ErrorCode.OVERFLOW
+    below = np.full(n, np.nextafter(np.float32(1.0), np.float32(0.0)))  # 1 - 2^-24
+    got = quantize(below, f32, np.array([top]), n, limit, out=np.empty(n, dtype=np.int64))
+    assert got.tolist() == [2**top - 2 ** (top - 24)] * n
+
+
 # --- a whole operation: proposals, agreement, contributions, sums, attestations ---------------
 
 

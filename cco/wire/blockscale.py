@@ -196,7 +196,9 @@ def quantize(
     with np.errstate(over="ignore", invalid="ignore"):
         np.rint(_times_power_of_two(values, scales, block_elements, scaled), out=scaled)
     bound = _float_limit(limit)
-    if len(scaled) and not (scaled.max() <= bound and scaled.min() >= -bound):  # NaN fails too
+    # float() so that the comparison is exact: numpy compares a binary32 scalar with a
+    # Python float in binary32, where a bound such as 2^29 - 1 rounds up to 2^29
+    if len(scaled) and not (float(scaled.max()) <= bound and float(scaled.min()) >= -bound):  # NaN fails
         _check_finite(values, first)
         bad = int(np.argmax(~(np.abs(scaled) <= bound)))
         raise CcoError(
