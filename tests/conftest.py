@@ -32,14 +32,20 @@ os.environ["CCO_STORE"] = ":memory:"
 
 QUIC_BACKENDS = ("aioquic", "qh3")
 
-# --- the MAC's inner product --------------------------------------------------------
+# --- the per-chunk arithmetic ---------------------------------------------------------
 #
-# The MAC tests run once on each path of the inner product: the compiled loop
-# (numba) and numpy's limbs (``CCO_KERNELS``, see cco/wire/kernels.py).  Where numba
-# is not installed the compiled run is skipped, saying so.  Other tests use the
-# environment's choice.
+# The MAC and block-scaling tests run once on each path of the per-chunk arithmetic:
+# the compiled loops (numba) and numpy (``CCO_KERNELS``, see cco/wire/kernels.py).
+# Where numba is not installed the compiled run is skipped, saying so.  Other tests
+# use the environment's choice.
 
-BOTH_PATHS = ("test_payload_mac", "test_payload_coefficients", "test_payload_attacks")
+BOTH_PATHS = (
+    "test_payload_mac",
+    "test_payload_coefficients",
+    "test_payload_attacks",
+    "test_payload_blockscale",
+    "test_blockscale_cluster",
+)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

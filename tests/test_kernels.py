@@ -17,13 +17,18 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
 
-from cco.wire import kernels, mac
+from cco.wire import blockscale, kernels, mac
+from cco.wire.dtypes import element_type
+from cco.wire.errors import CcoError
 from cco.wire.modp import BLOCK, SMALL_BLOCK, InnerProduct, P, prepare
 from cco.wire.payload import derive_group_keys
+from cco.wire.registries import DType
 
 HAVE_NUMBA = importlib.util.find_spec("numba") is not None
 NEEDS_NUMBA = pytest.mark.skipif(not HAVE_NUMBA, reason="numba is not installed (pip install '.[fast]')")
@@ -151,3 +156,71 @@ print("numba" in sys.modules)
     env = {k: v for k, v in os.environ.items() if k != kernels.KERNELS_ENV}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.split() == ["False", str(HAVE_NUMBA)]
+
+
+# --- scaling a Result back -------------------------------------------------------------
+
+
+def on_path(choice: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if choice == "numba" and not HAVE_NUMBA:
+        pytest.skip("numba is not installed (pip install '.[fast]')")
+    monkeypatch.setenv(kernels.KERNELS_ENV, choice)
+    kernels.reset()
+
+
+def float_chunk(dtype: type[np.floating], n: int, seed: int) -> np.ndarray:
+    """Random floats over many magnitudes, with ties, signed zeros, subnormals and the
+    type's extremes mixed in."""
+    rng = np.random.default_rng(seed)
+    info = np.finfo(dtype)
+    x = (rng.standard_normal(n) * 2.0 ** rng.integers(-30, 30, size=n)).astype(dtype)
+    specials = [0.5, 1.5, -2.5, 0.0, -0.0, info.smallest_subnormal, -info.max, info.max]
+    x[rng.integers(0, n, size=len(specials))] = np.array(specials, dtype=dtype)
+    return x
+
+
+def outcome(step: Callable[..., np.ndarray], *args: Any, **kwargs: Any) -> tuple[str, bytes]:
+    """What a step gives: its bits, or the error it raises (code and text)."""
+    try:
+        return "ok", step(*args, **kwargs).tobytes()
+    except CcoError as error:
+        return f"{error.code.name}: {error.detail}", b""
+
+
+@pytest.mark.parametrize("storage", [DType.FLOAT32, DType.FLOAT64])
+@pytest.mark.parametrize("divisor", [1, 3, 4])
+def test_scaling_back_gives_the_same_floats_or_error_on_either_path(
+    storage: DType, divisor: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Integers beyond 2^53 (rounded to binary64 on the way), subnormal and overflowing
+    results, and averages: the same bits, or the same OVERFLOW."""
+    element = element_type(storage)
+    rng = np.random.default_rng(divisor)
+    block, n = 32, 1024
+    values = rng.integers(-(2**62), 2**62, size=n) >> rng.integers(0, 62, size=n)
+    values[:4] = [2**53 + 1, -(2**53) - 3, 2**62 - 1, 0]
+    blocks = n // block
+    for scales in (rng.integers(-40, 80, size=blocks), np.full(blocks, 1000), np.full(blocks, -900)):
+        results = []
+        for choice in ("numpy", "numba"):
+            on_path(choice, monkeypatch)
+            results.append(outcome(blockscale.dequantize, values, scales, block, divisor, element))
+        assert results[0] == results[1]
+
+
+def test_the_scaling_back_loop_run_as_python_agrees_with_numpy() -> None:
+    """The function numba compiles, run as Python on a short chunk: the floats numpy
+    gives, for a sum and an average, and False where a result overflows."""
+    element = element_type(DType.FLOAT32)
+    x = float_chunk(np.float32, 40, 1)
+    x[np.abs(x) > 1e30] = 2.0
+    limit = blockscale.sum_limit(4, 4)
+    scales = blockscale.propose(x, element, 8, limit)
+    values = blockscale.quantize(x, element, scales, 8, limit)
+    factors = np.ldexp(1.0, -scales.astype(np.int64))
+    for divisor in (1, 3):
+        back = np.empty(40, np.float32)
+        assert kernels.scaled_back(values, factors, 8, divisor, back)
+        assert back.tobytes() == blockscale.dequantize(values, scales, 8, divisor, element).tobytes()
+    with np.errstate(over="ignore"):  # as Python, the cast to binary32 warns as numpy's does
+        assert not kernels.scaled_back(values, np.ldexp(1.0, -scales.astype(np.int64) + 200), 8, 1, back)

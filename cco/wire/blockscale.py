@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from cco.wire import kernels
 from cco.wire.dtypes import ElementType, round_to_bfloat16
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.packing import RANGE_BOUND
@@ -231,12 +232,45 @@ def chunk_integers(
     return chunk
 
 
+_COMPILED_STORAGE = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _compiled_dequantize(
+    values: np.ndarray, scales: np.ndarray, block_elements: int, divisor: int, element: ElementType
+) -> np.ndarray | None:
+    """:func:`dequantize` by a compiled loop (:mod:`cco.wire.kernels`): the same
+    binary64 steps and one rounding to the application's type, in one pass and no
+    temporary.  None where the loop does not apply (numba missing or turned off, a
+    chunk of a few elements, a type other than binary32 or binary64, scales whose
+    powers of two are not normal binary64 numbers) or a result is not finite (the
+    numpy path then names it)."""
+    if (
+        len(values) <= kernels.SMALL
+        or element.code is DType.BFLOAT16
+        or element.storage not in _COMPILED_STORAGE
+    ):
+        return None
+    scales = np.asarray(scales, np.int64)
+    if len(scales) and int(np.abs(scales).max()) > _NORMAL_POWERS:
+        return None
+    scaled_back = kernels.compiled_scaled_back()
+    if scaled_back is None:
+        return None
+    result = np.empty(len(values), dtype=element.storage)
+    if not scaled_back(values, np.ldexp(1.0, -scales), block_elements, divisor, result):
+        return None
+    return result
+
+
 def dequantize(
     values: np.ndarray, scales: np.ndarray, block_elements: int, divisor: int, element: ElementType
 ) -> np.ndarray:
     """y * 2^-s_b (divided by ``divisor`` for AVG) rounded once to the application's
     type; OVERFLOW if a result does not fit it."""
     values = np.asarray(values, dtype=np.int64)
+    compiled = _compiled_dequantize(values, scales, block_elements, divisor, element)
+    if compiled is not None:
+        return compiled
     with np.errstate(over="ignore", under="ignore"):
         decoded = np.empty(len(values), dtype=np.float64)
         _times_power_of_two(values, -np.asarray(scales, np.int64), block_elements, decoded)

@@ -1,18 +1,26 @@
-"""A compiled loop for the MAC's inner product, used where numba is installed.
+"""Compiled loops for an endpoint's per-chunk arithmetic, used where numba is installed.
 
-:class:`~cco.wire.modp.InnerProduct` multiplies coefficient words by a chunk's
-integers exactly.  Its numpy path cuts both into limbs that 64-bit sums hold, in about
-a dozen passes over every block.  The loop here reads each word and each integer once,
-in 64-bit unsigned arithmetic that a compiler vectorizes: 16 against 83 us for
-32 Ki int32 elements on the reference machine, and 64 MiB all-reduces of four
-endpoints and an aggregator sharing 2 cores took 10 to 12% less time per round.
+Two steps of every large chunk are loops over its elements that numpy runs as several
+passes, through temporary arrays:
 
-numba is an optional dependency (``pip install 'cco[fast]'``): about 200 MiB
-installed and a quarter of a second to import.  It is imported when the first block
-that can use it is multiplied, so aggregators (which never compute a MAC) and
-endpoints that only send small messages never load it.  ``CCO_KERNELS=numpy`` keeps
-the numpy path where numba is installed.  Both paths compute the same exact integer,
-so peers may use either.
+* the MAC's inner product (:class:`~cco.wire.modp.InnerProduct`), which numpy
+  computes over limbs cut so that 64-bit sums hold them, in about a dozen passes;
+* scaling a verified Result back (:func:`~cco.wire.blockscale.dequantize`): widen,
+  multiply, divide for AVG, round to the application's type.
+
+The loops here read each element once.  On the reference machine, for a chunk of 32 Ki
+elements, the inner product takes 16 against 83 us and scaling back 24 against 47 us,
+and an endpoint's steps for a float32 chunk (``benchmarks/bench_endpoint_chunk.py``)
+278 against 447 us.  Quantizing stays with numpy: a compiled loop took 57 against
+37 us, its rounding not vectorized.
+
+numba is an optional dependency (``pip install 'cco[fast]'``): about 200 MiB installed
+and a quarter of a second to import.  It is imported when the first chunk or block of
+more than :data:`SMALL` elements needs a loop, so aggregators (which do none of
+these steps) and endpoints that only send small messages never load it.
+``CCO_KERNELS=numpy`` keeps numpy where numba is installed.  Each loop computes
+exactly what the numpy code computes (integers exactly; floats with the same IEEE
+operations, in the same order, in the same types), so peers may use either.
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ import functools
 import logging
 import os
 from collections.abc import Callable
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -28,8 +38,11 @@ KERNELS_ENV = "CCO_KERNELS"
 """Environment variable: ``numba`` (the default: compiled where numba is installed)
 or ``numpy`` (never compiled)."""
 CHOICES = ("numba", "numpy")
+SMALL = 32
+"""Chunks and blocks of at most this many elements never use (or load) a compiled loop:
+numpy, or Python integers, take them about as fast."""
 WIDEST = 4
-"""Bytes per integer the loop takes: its integers are at most 32-bit signed."""
+"""Bytes per integer the inner product's loop takes: at most 32-bit signed."""
 
 _OFFSET = 1 << 31
 Sums = tuple[np.uint64, ...]
@@ -72,8 +85,28 @@ def combine(sums: Sums) -> int:
     return products - ((u_low + (u_high << 32)) << 31)
 
 
+def scaled_back(
+    values: np.ndarray, factors: np.ndarray, block_elements: int, divisor: int, out: np.ndarray
+) -> bool:
+    """out[j] = values[j] * factors[b] (divided by ``divisor`` unless it is 1), in
+    binary64, then rounded once to the type of ``out``: numpy's ``astype``, multiply,
+    divide and ``astype`` again, element by element.  False if some result is not
+    finite in ``out``'s type."""
+    finite = True
+    n = len(values)
+    for b in range(len(factors)):
+        factor = factors[b]
+        for j in range(b * block_elements, min(n, (b + 1) * block_elements)):
+            decoded = np.float64(values[j]) * factor
+            if divisor != 1:
+                decoded /= divisor
+            out[j] = decoded
+            finite &= bool(np.isfinite(out[j]))
+    return finite
+
+
 @functools.cache
-def _compiled() -> Callable[[np.ndarray, np.ndarray], Sums] | None:
+def _numba() -> ModuleType | None:
     choice = os.environ.get(KERNELS_ENV, "numba")
     if choice not in CHOICES:
         log.warning("%s=%r is not one of %s: using numpy", KERNELS_ENV, choice, ", ".join(CHOICES))
@@ -84,23 +117,36 @@ def _compiled() -> Callable[[np.ndarray, np.ndarray], Sums] | None:
         import numba
     except ImportError:
         return None
-    compiled: Callable[[np.ndarray, np.ndarray], Sums] = numba.njit(cache=True, nogil=True)(
-        offset_product_sums
-    )
+    module: ModuleType = numba
+    return module
+
+
+@functools.cache
+def _compiled(function: Callable[..., Any]) -> Callable[..., Any] | None:
+    numba = _numba()
+    if numba is None:
+        return None
+    compiled: Callable[..., Any] = numba.njit(cache=True, nogil=True)(function)
     return compiled
 
 
 def compiled_sums(width: int) -> Callable[[np.ndarray, np.ndarray], Sums] | None:
     """:func:`offset_product_sums` compiled, for integers of ``width`` bytes, or None
     where it does not apply (numba missing or turned off, or wider integers)."""
-    return _compiled() if width <= WIDEST else None
+    return _compiled(offset_product_sums) if width <= WIDEST else None
+
+
+def compiled_scaled_back() -> Callable[[np.ndarray, np.ndarray, int, int, np.ndarray], bool] | None:
+    """:func:`scaled_back` compiled, or None (numba missing or turned off)."""
+    return _compiled(scaled_back)
 
 
 def active() -> str:
-    """Which path multiplies blocks of at most 32-bit integers: ``numba`` or ``numpy``."""
-    return "numba" if _compiled() is not None else "numpy"
+    """Which path runs the loops: ``numba`` or ``numpy``."""
+    return "numba" if _numba() is not None else "numpy"
 
 
 def reset() -> None:
-    """Choose again on the next block (after :data:`KERNELS_ENV` changed)."""
+    """Choose again on the next use (after :data:`KERNELS_ENV` changed)."""
+    _numba.cache_clear()
     _compiled.cache_clear()
