@@ -49,6 +49,7 @@ import barequic
 import netns
 
 from cco.transport.config import QUIC_BACKENDS
+from cco.wire import kernels
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -910,10 +911,11 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python benchmarks/run.py " + " ".join(argv),
         "commit": args.commit or commit_of_cco(),
         "quic_backend": args.quic_backend,
+        "arithmetic": kernels.configured(),
     }
     header["machine"] = machine()
     log(
-        f"measuring cco at {header['commit']} ({args.quic_backend}) "
+        f"measuring cco at {header['commit']} ({args.quic_backend}, arithmetic on {header['arithmetic']}) "
         f"on {header['machine']['cpu']} x {header['machine']['cores']}"
     )
     report = {**header, **(quick(args) if args.quick else sweep(args))}

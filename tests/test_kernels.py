@@ -127,6 +127,13 @@ def test_prepared_coefficients_are_words_only_for_the_compiled_loop(monkeypatch:
         assert prepare(words, 8).shape == (2, 40)
 
 
+def test_numpy_is_configured_when_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(kernels.KERNELS_ENV, "numpy")
+    assert kernels.configured() == "numpy"
+    monkeypatch.setenv(kernels.KERNELS_ENV, "numba")
+    assert kernels.configured() == ("numba" if HAVE_NUMBA else "numpy")
+
+
 def test_an_unknown_choice_is_logged_and_numpy_is_used(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -138,9 +145,9 @@ def test_an_unknown_choice_is_logged_and_numpy_is_used(
 
 
 def test_numba_is_loaded_by_the_first_block_that_uses_it_and_no_sooner() -> None:
-    """Nodes, the aggregator's arithmetic and small chunks never import numba (its
-    import alone takes a quarter of a second and tens of MiB); a large block does,
-    where it is installed."""
+    """Nodes, the aggregator's arithmetic, small chunks and asking which path is
+    configured never import numba (its import alone takes a quarter of a second and
+    tens of MiB); a large block does, where it is installed."""
     script = """
 import sys
 import numpy as np
@@ -148,6 +155,8 @@ import cco.cli, cco.nodes.aggregator, cco.nodes.endpoint
 from cco.wire import mac
 from cco.wire.payload import derive_group_keys
 keys = derive_group_keys(bytes(32), bytes(16))
+from cco.wire import kernels
+print(kernels.configured())
 mac.inner_product(keys, b"small", np.arange(32, dtype=np.int32))
 print("numba" in sys.modules)
 mac.inner_product(keys, b"large", np.arange(33, dtype=np.int32))
@@ -155,7 +164,7 @@ print("numba" in sys.modules)
 """
     env = {k: v for k, v in os.environ.items() if k != kernels.KERNELS_ENV}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
-    assert out.stdout.split() == ["False", str(HAVE_NUMBA)]
+    assert out.stdout.split() == ["numba" if HAVE_NUMBA else "numpy", "False", str(HAVE_NUMBA)]
 
 
 # --- scaling a Result back -------------------------------------------------------------

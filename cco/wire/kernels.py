@@ -26,6 +26,7 @@ operations, in the same order, in the same types), so peers may use either.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import logging
 import os
 from collections.abc import Callable
@@ -139,6 +140,14 @@ def compiled_sums(width: int) -> Callable[[np.ndarray, np.ndarray], Sums] | None
 def compiled_scaled_back() -> Callable[[np.ndarray, np.ndarray, int, int, np.ndarray], bool] | None:
     """:func:`scaled_back` compiled, or None (numba missing or turned off)."""
     return _compiled(scaled_back)
+
+
+def configured() -> str:
+    """The path a process started here with this environment takes, found without
+    importing numba (for a harness whose children inherit its memory peak): ``numba``
+    where it is installed and not turned off, else ``numpy``."""
+    choice = os.environ.get(KERNELS_ENV, "numba")
+    return "numba" if choice == "numba" and importlib.util.find_spec("numba") is not None else "numpy"
 
 
 def active() -> str:
