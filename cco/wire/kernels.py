@@ -11,13 +11,13 @@ passes, through temporary arrays:
 The loops here read each element once.  On the reference machine, for a chunk of 32 Ki
 elements, the inner product takes 16 against 83 us and scaling back 24 against 47 us,
 and an endpoint's steps for a float32 chunk (``benchmarks/bench_endpoint_chunk.py``)
-278 against 447 us.  Quantizing stays with numpy: a compiled loop took 57 against
+275 against 453 us.  Quantizing stays with numpy: a compiled loop took 57 against
 37 us, its rounding not vectorized.
 
 numba is an optional dependency (``pip install 'cco[fast]'``): about 200 MiB installed
-and a quarter of a second to import.  It is imported when the first chunk or block of
-more than :data:`SMALL` elements needs a loop, so aggregators (which do none of
-these steps) and endpoints that only send small messages never load it.
+and a quarter of a second to import.  It is imported when the first large chunk needs
+a loop, so aggregators (which do neither step) and endpoints that only send small
+messages never load it.
 ``CCO_KERNELS=numpy`` keeps numpy where numba is installed.  Each loop computes
 exactly what the numpy code computes (integers exactly; floats with the same IEEE
 operations, in the same order, in the same types), so peers may use either.
@@ -40,8 +40,10 @@ KERNELS_ENV = "CCO_KERNELS"
 or ``numpy`` (never compiled)."""
 CHOICES = ("numba", "numpy")
 SMALL = 32
-"""Chunks and blocks of at most this many elements never use (or load) a compiled loop:
-numpy, or Python integers, take them about as fast."""
+"""Chunks of at most this many elements are scaled back by numpy: the loop gains
+nothing on them, and a process that only moves small messages (whose MAC blocks, of
+at most ``modp.SMALL_BLOCK`` elements, are summed with Python integers) then never
+loads numba."""
 WIDEST = 4
 """Bytes per integer the inner product's loop takes: at most 32-bit signed."""
 

@@ -38,9 +38,9 @@ _CTR_FROM_ZERO = modes.CTR(bytes(16))
 _ZEROS = bytes(8 * BLOCK)
 DEFAULT_CACHE_BYTES = 16 << 20
 """What a :class:`CoefficientCache` holds at most unless told otherwise: the
-coefficients of one chunk of the largest size (2^20 elements) split into limbs, or
-of two as words for the compiled loop.  The default window's
-four chunks of the 131072 elements recommended for fast links take half of it."""
+coefficients of one chunk of the largest size (2^20 elements) split into limbs, or of
+two kept as words for the compiled loop.  The default window's four chunks of the
+131072 elements recommended for fast links take half of it (a quarter as words)."""
 
 
 class _Hmac:
@@ -166,8 +166,8 @@ class CoefficientCache:
 
     Entries are keyed by the group keys as well as the chunk id, so coefficients
     never outlive the keys that made them.  At most ``chunks`` chunks and
-    ``max_bytes`` bytes (16 per element split, 8 as words) are kept; keeping more drops the oldest, and
-    a chunk larger than ``max_bytes`` is not kept.  A chunk not found is derived
+    ``max_bytes`` bytes (16 per element split, 8 as words) are kept; keeping more
+    drops the oldest, and a chunk larger than ``max_bytes`` is not kept.  A chunk not found is derived
     again, so the bounds cost time, never a wrong tag.
     """
 
