@@ -233,3 +233,44 @@ def test_the_scaling_back_loop_run_as_python_agrees_with_numpy() -> None:
         assert back.tobytes() == blockscale.dequantize(values, scales, 8, divisor, element).tobytes()
     with np.errstate(over="ignore"):  # as Python, the cast to binary32 warns as numpy's does
         assert not kernels.scaled_back(values, np.ldexp(1.0, -scales.astype(np.int64) + 200), 8, 1, back)
+
+
+# --- a loop numba cannot compile -----------------------------------------------------
+
+
+@NEEDS_NUMBA
+def test_a_loop_that_fails_to_compile_leaves_the_process_on_numpy(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As a numba that does not support this numpy would: the block is multiplied by
+    numpy, the failure is logged, and no later block asks numba again."""
+    from numba.core.errors import TypingError
+
+    monkeypatch.setenv(kernels.KERNELS_ENV, "numba")
+    kernels.reset()
+    calls = []
+
+    def broken(*args: object) -> kernels.Sums:
+        calls.append(args)
+        raise TypingError("no implementation for this numpy")
+
+    monkeypatch.setattr(kernels, "compiled_sums", lambda width: broken)
+    words = np.random.default_rng(4).integers(0, 2**64, size=100, dtype=np.uint64)
+    values = np.arange(-50, 50, dtype=np.int32)
+    product = InnerProduct(4)
+    with caplog.at_level(logging.WARNING, logger="cco.wire.kernels"):
+        product.add(words, values)
+    assert product.result() == exact(words, values) % P
+    assert len(calls) == 1 and "numba could not compile" in caplog.text
+    assert kernels.active() == "numpy"
+    assert kernels.compiled_scaled_back() is None  # the other loop is not tried either
+    kernels.reset()
+    assert kernels.active() == "numba"
+
+
+def test_errors_other_than_compiling_are_raised() -> None:
+    def buggy(*args: object) -> None:
+        raise IndexError("a bug in the loop")
+
+    with pytest.raises(IndexError, match="a bug in the loop"):
+        kernels.run(buggy)

@@ -242,8 +242,8 @@ def _compiled_dequantize(
     binary64 steps and one rounding to the application's type, in one pass and no
     temporary.  None where the loop does not apply (numba missing or turned off, a
     chunk of a few elements, a type other than binary32 or binary64, scales whose
-    powers of two are not normal binary64 numbers) or a result is not finite (the
-    numpy path then names it)."""
+    powers of two are not normal binary64 numbers), where numba failed to compile it,
+    or where a result is not finite (the numpy path then names it)."""
     if (
         len(values) <= kernels.SMALL
         or element.code is DType.BFLOAT16
@@ -257,8 +257,8 @@ def _compiled_dequantize(
     if scaled_back is None:
         return None
     result = np.empty(len(values), dtype=element.storage)
-    if not scaled_back(values, np.ldexp(1.0, -scales), block_elements, divisor, result):
-        return None
+    if not kernels.run(scaled_back, values, np.ldexp(1.0, -scales), block_elements, divisor, result):
+        return None  # not finite, or not compiled
     return result
 
 

@@ -31,7 +31,7 @@ import logging
 import os
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -49,6 +49,7 @@ WIDEST = 4
 
 _OFFSET = 1 << 31
 Sums = tuple[np.uint64, ...]
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
@@ -108,8 +109,14 @@ def scaled_back(
     return finite
 
 
+_failed = False
+"""Set when numba failed to compile a loop: the process then stays on numpy."""
+
+
 @functools.cache
 def _numba() -> ModuleType | None:
+    if _failed:
+        return None
     choice = os.environ.get(KERNELS_ENV, "numba")
     if choice not in CHOICES:
         log.warning("%s=%r is not one of %s: using numpy", KERNELS_ENV, choice, ", ".join(CHOICES))
@@ -144,6 +151,26 @@ def compiled_scaled_back() -> Callable[[np.ndarray, np.ndarray, int, int, np.nda
     return _compiled(scaled_back)
 
 
+def run(kernel: Callable[..., T], *args: Any) -> T | None:
+    """``kernel(*args)``, or None if numba fails to compile it for these arguments (an
+    installation whose numba does not support this numpy, say).  Then the failure is
+    logged, the process stays on numpy from here on, and the caller takes its numpy
+    path: a broken accelerator costs speed, never a collective.  Any other error is
+    raised as it is."""
+    global _failed
+    try:
+        return kernel(*args)
+    except Exception as error:
+        numba = _numba()
+        if numba is None or not isinstance(error, numba.core.errors.NumbaError):
+            raise
+        log.warning("numba could not compile %s (%s): using numpy", kernel, error)
+        _failed = True
+        _numba.cache_clear()
+        _compiled.cache_clear()
+        return None
+
+
 def configured() -> str:
     """The path a process started here with this environment takes, found without
     importing numba (for a harness whose children inherit its memory peak): ``numba``
@@ -158,6 +185,8 @@ def active() -> str:
 
 
 def reset() -> None:
-    """Choose again on the next use (after :data:`KERNELS_ENV` changed)."""
+    """Choose again on the next use (after :data:`KERNELS_ENV` changed, or a failure)."""
+    global _failed
+    _failed = False
     _numba.cache_clear()
     _compiled.cache_clear()

@@ -89,8 +89,9 @@ class InnerProduct:
             self._total = (self._total + sum((w & WORD_MASK) * y for w, y in pairs)) % P
             return
         compiled = kernels.compiled_sums(self._width)
-        if compiled is not None:
-            self._total = (self._total + kernels.combine(compiled(words, values))) % P
+        sums = None if compiled is None else kernels.run(compiled, words, values)
+        if sums is not None:
+            self._total = (self._total + kernels.combine(sums)) % P
             return
         self.add_split(split_words(words, _scratch.u_limbs[:, :m]), values)
 
