@@ -68,7 +68,7 @@ def quic_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 def inner_product_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     choice: str | None = getattr(request, "param", None)
     if choice == "numba" and importlib.util.find_spec("numba") is None:
-        pytest.skip("numba is not installed (pip install '.[fast]'): the compiled product is not tested")
+        pytest.skip("numba is not installed (pip install '.[fast]'): the compiled loops are not tested")
     if choice is not None:
         monkeypatch.setenv(kernels.KERNELS_ENV, choice)
     kernels.reset()
