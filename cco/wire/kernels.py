@@ -18,7 +18,8 @@ numba is an optional dependency (``pip install 'cco[fast]'``): about 200 MiB ins
 and a quarter of a second to import.  It is imported when the first large chunk needs
 a loop, so aggregators (which do neither step) and endpoints that only send small
 messages never load it.
-``CCO_KERNELS=numpy`` keeps numpy where numba is installed.  Each loop computes
+``CCO_KERNELS=numpy`` keeps numpy where numba is installed, and a loop numba fails to
+compile is logged and left to numpy (:func:`run`).  Each loop computes
 exactly what the numpy code computes (integers exactly; floats with the same IEEE
 operations, in the same order, in the same types), so peers may use either.
 """
