@@ -36,6 +36,19 @@ KEYS = derive_group_keys(bytes(range(32)), bytes(range(16, 32)))
 TYPES = [np.int8, np.int16, np.int32]
 
 
+def use(choice: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run the loops on ``choice`` (``numba`` or ``numpy``) from the next block on."""
+    monkeypatch.setenv(kernels.KERNELS_ENV, choice)
+    kernels.reset()
+
+
+def on_path(choice: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """:func:`use`, skipping the test for ``numba`` where it is not installed."""
+    if choice == "numba" and not HAVE_NUMBA:
+        pytest.skip("numba is not installed (pip install '.[fast]')")
+    use(choice, monkeypatch)
+
+
 def exact(words: np.ndarray, values: np.ndarray) -> int:
     return sum((int(w) % 2**61) * int(y) for w, y in zip(words, values, strict=True))
 
@@ -67,8 +80,7 @@ def test_the_six_sums_make_the_exact_product(dtype: type[np.signedinteger], n: i
 def test_the_compiled_loop_gives_the_same_sums(
     dtype: type[np.signedinteger], n: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(kernels.KERNELS_ENV, "numba")
-    kernels.reset()
+    use("numba", monkeypatch)
     compiled = kernels.compiled_sums(np.dtype(dtype).itemsize)
     assert compiled is not None
     for words, values in cases(dtype, n):
@@ -80,8 +92,7 @@ def test_the_compiled_loop_gives_the_same_sums(
 
 @NEEDS_NUMBA
 def test_the_compiled_loop_reads_a_strided_array_as_its_copy(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(kernels.KERNELS_ENV, "numba")
-    kernels.reset()
+    use("numba", monkeypatch)
     values = np.arange(-3000, 3000, dtype=np.int32)[::3]
     words = np.random.default_rng(3).integers(0, 2**64, size=len(values), dtype=np.uint64)
     product = InnerProduct(4)
@@ -102,13 +113,11 @@ def test_either_path_takes_back_what_the_other_kept(choice: str, monkeypatch: py
     other = next(c for c in kernels.CHOICES if c != choice)
     values = np.random.default_rng(9).integers(-(2**31), 2**31, size=5000).astype(np.int32)
     cache = mac.CoefficientCache(chunks=2)
-    monkeypatch.setenv(kernels.KERNELS_ENV, choice)
-    kernels.reset()
+    use(choice, monkeypatch)
     sealed = mac.inner_product(KEYS, b"chunk", values, keep=cache)
     assert len(cache) == 1
     assert cache.nbytes == (8 if choice == "numba" else 16) * len(values)
-    monkeypatch.setenv(kernels.KERNELS_ENV, other)
-    kernels.reset()
+    use(other, monkeypatch)
     assert mac.inner_product(KEYS, b"chunk", values, reuse=cache) == sealed
     assert len(cache) == 0
     assert sealed == mac.inner_product(KEYS, b"chunk", values)
@@ -116,12 +125,10 @@ def test_either_path_takes_back_what_the_other_kept(choice: str, monkeypatch: py
 
 def test_prepared_coefficients_are_words_only_for_the_compiled_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     words = np.arange(40, dtype=np.uint64)
-    monkeypatch.setenv(kernels.KERNELS_ENV, "numpy")
-    kernels.reset()
+    use("numpy", monkeypatch)
     assert prepare(words, 4).shape == (2, 40)
     if HAVE_NUMBA:
-        monkeypatch.setenv(kernels.KERNELS_ENV, "numba")
-        kernels.reset()
+        use("numba", monkeypatch)
         kept = prepare(words, 4)
         assert kept.shape == (40,) and not np.shares_memory(kept, words)
         assert prepare(words, 8).shape == (2, 40)
@@ -137,8 +144,7 @@ def test_numpy_is_configured_when_chosen(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_an_unknown_choice_is_logged_and_numpy_is_used(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setenv(kernels.KERNELS_ENV, "fortran")
-    kernels.reset()
+    use("fortran", monkeypatch)
     with caplog.at_level(logging.WARNING, logger="cco.wire.kernels"):
         assert kernels.active() == "numpy"
     assert "CCO_KERNELS='fortran' is not one of numba, numpy" in caplog.text
@@ -168,13 +174,6 @@ print("numba" in sys.modules)
 
 
 # --- scaling a Result back -------------------------------------------------------------
-
-
-def on_path(choice: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    if choice == "numba" and not HAVE_NUMBA:
-        pytest.skip("numba is not installed (pip install '.[fast]')")
-    monkeypatch.setenv(kernels.KERNELS_ENV, choice)
-    kernels.reset()
 
 
 def float_chunk(dtype: type[np.floating], n: int, seed: int) -> np.ndarray:
@@ -246,8 +245,7 @@ def test_a_loop_that_fails_to_compile_leaves_the_process_on_numpy(
     numpy, the failure is logged, and no later block asks numba again."""
     from numba.core.errors import TypingError
 
-    monkeypatch.setenv(kernels.KERNELS_ENV, "numba")
-    kernels.reset()
+    use("numba", monkeypatch)
     calls = []
 
     def broken(*args: object) -> kernels.Sums:
