@@ -295,3 +295,43 @@ def test_a_run_counts_its_datagrams_against_the_batch() -> None:
     turns = asyncio.run(main())
     assert turns[-1] == 160 and len(turns) >= 2  # counting reads, one callback would take all 160
     assert all(later - earlier <= 64 + 40 for earlier, later in zip([0, *turns], turns, strict=False))
+
+
+def test_a_truncated_coalesced_read_is_dropped_and_the_next_ones_delivered() -> None:
+    """A read the kernel flags MSG_TRUNC (longer than the buffer) is lost, as UDP may
+    lose it, and counted against the batch; the reads after it arrive as usual."""
+
+    class Reads:
+        """The socket's side of three reads: a truncated one, a run, a single datagram."""
+
+        def __init__(self, sock: socket.socket, addr: Any) -> None:
+            self.sock = sock
+            self.results: list[tuple[bytes, list[tuple[int, int, bytes]], int, Any]] = [
+                (b"t" * 100, [], socket.MSG_TRUNC, addr),
+                (b"a" * 8, [(socket.SOL_UDP, 104, (4).to_bytes(4, "little"))], 0, addr),
+                (b"single", [], 0, addr),
+            ]
+
+        def recvmsg(self, size: int, ancillary: int) -> tuple[bytes, list[tuple[int, int, bytes]], int, Any]:
+            if not self.results:
+                raise BlockingIOError
+            return self.results.pop(0)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.sock, name)
+
+    async def main() -> RunRecorder:
+        recorder = RunRecorder()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind(("127.0.0.1", 0))
+        transport = BatchedUdpTransport(asyncio.get_running_loop(), sock, recorder)
+        transport._sock = Reads(sock, ("127.0.0.1", 9))  # type: ignore[assignment]
+        transport._read_coalesced()
+        transport._sock = sock
+        transport.close()
+        await asyncio.sleep(0)
+        return recorder
+
+    recorder = asyncio.run(main())
+    assert recorder.datagrams == [b"aaaa", b"aaaa", b"single"]
+    assert recorder.runs == [(4, 2)]

@@ -45,6 +45,9 @@ UDP_GRO = 104
 """Linux socket option (``<linux/udp.h>``): receive coalesced datagrams, and their
 size in a control message of the same name."""
 _GRO_CMSG_SPACE = socket.CMSG_SPACE(4)  # the kernel writes the size as a C int
+_MSG_TRUNC = int(socket.MSG_TRUNC)
+"""As a plain int: ``socket.MSG_TRUNC`` is an IntFlag, and testing a read's flags
+against it built an enum member on every read (0.5 against 0.01 us)."""
 
 DEFAULT_BATCH = 64
 """Datagrams read per readiness callback: enough to amortize a transmit, few enough
@@ -153,7 +156,7 @@ class BatchedUdpTransport(asyncio.DatagramTransport):
             except OSError as exc:
                 protocol.error_received(exc)
                 return
-            if flags & socket.MSG_TRUNC:
+            if flags & _MSG_TRUNC:
                 budget -= 1
                 continue  # longer than any run the kernel builds: lost, as UDP may be
             segment_size = _segment_size(ancdata)
