@@ -12,7 +12,8 @@ and what CCO adds:
 * :func:`star_round_trips` -- N leaf processes and one hub: each round every leaf
   sends 8 bytes and the hub answers all of them once it has N.  That is the least an
   aggregation tree of depth one does per pass, so its p50 is the latency floor of one
-  pass (a float sum takes two: block scales, then data).
+  pass (a block-scaled float sum takes two, block scales then data; the 8-byte case,
+  an EXACT sum, takes one).
 
 Both run as subprocesses of this file (``python barequic.py sink|hub|leaf ...``).
 """
