@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 from typing import Any
 
 import pytest
 
-from cco.transport.udp import BatchedUdpTransport, SegmentedDatagramProtocol, open_udp, split_segments
+from cco.transport.udp import (
+    UDP_GRO,
+    BatchedUdpTransport,
+    SegmentedDatagramProtocol,
+    open_udp,
+    split_segments,
+)
 
 QUIC_BACKENDS = ("aioquic",)
 """The UDP layer under both backends, no QUIC connection: nothing depends on the backend."""
@@ -297,18 +304,20 @@ def test_a_run_counts_its_datagrams_against_the_batch() -> None:
     assert all(later - earlier <= 64 + 40 for earlier, later in zip([0, *turns], turns, strict=False))
 
 
-def test_a_truncated_coalesced_read_is_dropped_and_the_next_ones_delivered() -> None:
+def test_a_truncated_coalesced_read_is_dropped_and_counted_against_the_batch() -> None:
     """A read the kernel flags MSG_TRUNC (longer than the buffer) is lost, as UDP may
-    lose it, and counted against the batch; the reads after it arrive as usual."""
+    lose it, and counts as one datagram against the batch; the reads after it arrive
+    as usual."""
 
     class Reads:
-        """The socket's side of three reads: a truncated one, a run, a single datagram."""
+        """The socket's side of three reads: a truncated one, a run of two, a single datagram."""
 
         def __init__(self, sock: socket.socket, addr: Any) -> None:
             self.sock = sock
+            gro_size = (4).to_bytes(4, sys.byteorder)
             self.results: list[tuple[bytes, list[tuple[int, int, bytes]], int, Any]] = [
                 (b"t" * 100, [], socket.MSG_TRUNC, addr),
-                (b"a" * 8, [(socket.SOL_UDP, 104, (4).to_bytes(4, "little"))], 0, addr),
+                (b"a" * 8, [(socket.SOL_UDP, UDP_GRO, gro_size)], 0, addr),
                 (b"single", [], 0, addr),
             ]
 
@@ -320,18 +329,21 @@ def test_a_truncated_coalesced_read_is_dropped_and_the_next_ones_delivered() -> 
         def __getattr__(self, name: str) -> Any:
             return getattr(self.sock, name)
 
-    async def main() -> RunRecorder:
+    async def main() -> tuple[list[bytes], list[bytes], list[tuple[int, int]]]:
         recorder = RunRecorder()
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         sock.bind(("127.0.0.1", 0))
-        transport = BatchedUdpTransport(asyncio.get_running_loop(), sock, recorder)
+        transport = BatchedUdpTransport(asyncio.get_running_loop(), sock, recorder, batch=3)
         transport._sock = Reads(sock, ("127.0.0.1", 9))  # type: ignore[assignment]
+        transport._read_coalesced()  # the truncated read and the run: 3 datagrams, the batch
+        first = list(recorder.datagrams)
         transport._read_coalesced()
         transport._sock = sock
         transport.close()
         await asyncio.sleep(0)
-        return recorder
+        return first, recorder.datagrams, recorder.runs
 
-    recorder = asyncio.run(main())
-    assert recorder.datagrams == [b"aaaa", b"aaaa", b"single"]
-    assert recorder.runs == [(4, 2)]
+    first, everything, runs = asyncio.run(main())
+    assert first == [b"aaaa", b"aaaa"]
+    assert everything == [b"aaaa", b"aaaa", b"single"]
+    assert runs == [(4, 2)]
