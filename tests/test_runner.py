@@ -7,7 +7,8 @@ endpoint left: the machine closed its parent, then answered a message already
 queued from it); and that closing the runner waits for connections closed before,
 which may still be flushing (a join refused and retried at once was otherwise
 refused again, as "already connected", by a rendezvous that had not yet seen the
-first connection end).
+first connection end); and that what one input makes the machine send is flushed,
+once per link, before the runner returns to the event loop.
 """
 
 from __future__ import annotations
@@ -42,9 +43,10 @@ class FakeLink:
     role = Role.ENDPOINT
     capabilities = None
 
-    def __init__(self) -> None:
+    def __init__(self, log: list[tuple[FakeLink, str]] | None = None) -> None:
         self.inbox: asyncio.Queue[Message | LinkClosed] = asyncio.Queue()
         self.sent: list[Message] = []
+        self.log = log if log is not None else []  # (link, "send" or "flush"), in call order
         self.closed: tuple[ErrorCode, str] | None = None
         self.terminated = False
         self.on_terminated: list[Callable[[], None]] = []
@@ -59,6 +61,10 @@ class FakeLink:
         if self.closed is not None:
             raise LinkClosed(*self.closed)
         self.sent.append(message)
+        self.log.append((self, "send"))
+
+    def flush(self) -> None:
+        self.log.append((self, "flush"))
 
     def close(self, code: ErrorCode, detail: str) -> None:
         self.closed = (code, detail)
@@ -167,5 +173,45 @@ def test_a_link_that_ended_is_not_kept_for_close() -> None:
         start = time.monotonic()
         await runner.close()
         assert time.monotonic() - start < 0.1
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))
+
+
+class Fanout:
+    """On each message: answer every peer in ``peers`` order (one of them twice)."""
+
+    def __init__(self) -> None:
+        self.peers: list[str] = []
+
+    def handle(self, event: Input, now: float) -> list[Command]:
+        if isinstance(event, MessageReceived):
+            return [SendMessage(peer, Heartbeat(seq=i)) for i, peer in enumerate(self.peers)]
+        return []
+
+    def next_deadline(self) -> float | None:
+        return None
+
+
+def test_what_one_input_sends_is_flushed_once_per_link_before_the_loop_runs_again() -> None:
+    async def scenario() -> None:
+        machine = Fanout()
+        runner = MachineRunner(machine, lambda command: None)  # type: ignore[arg-type,return-value]
+        log: list[tuple[FakeLink, str]] = []
+        first, second, closed = FakeLink(log), FakeLink(log), FakeLink(log)
+        peers = [runner.attach(link) for link in (first, second, closed)]  # type: ignore[arg-type]
+        closed.close(ErrorCode.NO_ERROR, "closed meanwhile")  # its message is dropped, not flushed
+        machine.peers = [peers[0], peers[1], peers[2], peers[0]]
+        runner.dispatch(MessageReceived(peer=peers[1], message=Heartbeat(seq=1)))
+        # dispatch returned without the loop running in between: everything already left
+        assert log == [
+            (first, "send"),
+            (second, "send"),
+            (first, "send"),
+            (first, "flush"),
+            (second, "flush"),
+        ]
+        for link in (first, second, closed):
+            link.terminate()
+        await runner.close()
 
     asyncio.run(asyncio.wait_for(scenario(), 10))

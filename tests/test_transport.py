@@ -500,6 +500,36 @@ def test_a_link_takes_coalesced_runs_and_loses_nothing(pki: Path) -> None:
         pytest.skip("no coalesced run arrived: this kernel does not offer UDP_GRO on loopback")
 
 
+def test_flush_hands_what_was_sent_to_the_socket_at_once(pki: Path, quic_backend: str) -> None:
+    """A send is transmitted at the loop's next turn, or at once when flushed; flushing
+    leaves no transmit scheduled, and flushing with nothing queued sends nothing."""
+
+    async def test() -> None:
+        async with server(pki) as (srv, accepted):
+            link = await dial(srv, pki)
+            peer = await accepted.get()
+            transport = protocol(link)._transport
+            assert isinstance(transport, BatchedUdpTransport)
+            handed: list[int] = []
+            send_datagrams = transport.send_datagrams
+
+            def counting(datagrams: list[bytes], addr: Any) -> None:
+                handed.append(len(datagrams))
+                send_datagrams(datagrams, addr)
+
+            transport.send_datagrams = counting  # type: ignore[method-assign]
+            message = chunk(GROUP_A, 1, elements=4096)
+            link.send(message)
+            assert handed == [] and protocol(link)._transmit_handle is not None
+            link.flush()
+            assert handed and protocol(link)._transmit_handle is None  # before the loop ran again
+            link.flush()
+            assert len(handed) == 1
+            assert await asyncio.wait_for(peer.receive(), 5) == message
+
+    run(test)
+
+
 def test_data_travels_on_one_unidirectional_stream_per_group_in_order(pki: Path) -> None:
     async def test() -> None:
         async with server(pki) as (srv, accepted):

