@@ -72,5 +72,5 @@ def inner_product_path(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
     if choice is not None:
         monkeypatch.setenv(kernels.KERNELS_ENV, choice)
     kernels.reset()
-    yield kernels.active() if choice is not None else os.environ.get(kernels.KERNELS_ENV, "numba")
+    yield kernels.active() if choice is not None else kernels.chosen()
     kernels.reset()

@@ -114,11 +114,16 @@ _failed = False
 """Set when numba failed to compile a loop: the process then stays on numpy."""
 
 
+def chosen() -> str:
+    """What the environment asks for: :data:`KERNELS_ENV`, else ``numba``."""
+    return os.environ.get(KERNELS_ENV, "numba")
+
+
 @functools.cache
 def _numba() -> ModuleType | None:
     if _failed:
         return None
-    choice = os.environ.get(KERNELS_ENV, "numba")
+    choice = chosen()
     if choice not in CHOICES:
         log.warning("%s=%r is not one of %s: using numpy", KERNELS_ENV, choice, ", ".join(CHOICES))
         return None
@@ -176,8 +181,7 @@ def configured() -> str:
     """The path a process started here with this environment takes, found without
     importing numba (for a harness whose children inherit its memory peak): ``numba``
     where it is installed and not turned off, else ``numpy``."""
-    choice = os.environ.get(KERNELS_ENV, "numba")
-    return "numba" if choice == "numba" and importlib.util.find_spec("numba") is not None else "numpy"
+    return "numba" if chosen() == "numba" and importlib.util.find_spec("numba") is not None else "numpy"
 
 
 def active() -> str:
