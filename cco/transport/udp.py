@@ -203,11 +203,13 @@ class BatchedUdpTransport(asyncio.DatagramTransport):
             start = stop
 
     def _send_segmented(self, run: list[bytes], size: int, addr: Any) -> bool:
-        """One GSO ``sendmsg`` of ``run``; False if it must go datagram by datagram."""
+        """One GSO ``sendmsg`` of ``run``; False if it must go datagram by datagram.
+
+        The datagrams go as the message's pieces (an iovec each), not joined first:
+        the kernel gathers them as it copies, and segments by ``size`` wherever the
+        pieces end, so joining would only copy every byte once more."""
         try:
-            self._sock.sendmsg(
-                [b"".join(run)], [(socket.SOL_UDP, UDP_SEGMENT, size.to_bytes(2, sys.byteorder))], 0, addr
-            )
+            self._sock.sendmsg(run, [(socket.SOL_UDP, UDP_SEGMENT, size.to_bytes(2, sys.byteorder))], 0, addr)
             return True
         except (BlockingIOError, InterruptedError):
             return False  # sendto() queues them for a writable socket
