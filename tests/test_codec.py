@@ -17,7 +17,7 @@ from strategies import ALL_MESSAGE_CLASSES, any_message, message_strategy
 
 from cco.wire import cbor
 from cco.wire.errors import DecodeError, EncodeError, ErrorCode
-from cco.wire.framing import FrameDecoder, decode_varint, encode_frame, encode_varint
+from cco.wire.framing import FrameDecoder, decode_varint, encode_frame, encode_varint, frame_prefix
 from cco.wire.messages import (
     Contribution,
     GroupParams,
@@ -338,3 +338,20 @@ def test_oversized_frame_is_refused_before_buffering() -> None:
 def test_encode_frame_refuses_oversized_message() -> None:
     with pytest.raises(EncodeError):
         encode_frame(b"x" * 2000, max_message_size=1024)
+
+
+@pytest.mark.parametrize("length", [0, 63, 64, 16383, 16384, 1 << 20])
+def test_a_frame_written_as_prefix_and_message_is_the_encoded_frame(length: int) -> None:
+    # Links write a message's prefix and body as two pieces of the stream.
+    message = bytes(range(256)) * (length // 256) + bytes(length % 256)
+    assert frame_prefix(len(message)) + message == encode_frame(message)
+    decoder = FrameDecoder(max_message_size=1 << 21)
+    assert decoder.feed(frame_prefix(len(message))) == ([message] if length == 0 else [])
+    assert decoder.feed(message) == ([] if length == 0 else [message])
+
+
+def test_frame_prefix_refuses_a_length_over_the_limit() -> None:
+    assert frame_prefix(1024, max_message_size=1024) == encode_varint(1024)
+    with pytest.raises(EncodeError) as info:
+        frame_prefix(1025, max_message_size=1024)
+    assert info.value.code is ErrorCode.MESSAGE_TOO_LARGE

@@ -64,7 +64,7 @@ from cco.transport.config import TransportConfig
 from cco.transport.handshake import LocalIdentity, Session, accept_hello_ack, build_hello, negotiate
 from cco.transport.udp import BatchedUdpTransport, SegmentedDatagramProtocol
 from cco.wire.errors import CcoError, DecodeError, ErrorCode
-from cco.wire.framing import FrameDecoder, encode_frame
+from cco.wire.framing import FrameDecoder, encode_frame, frame_prefix
 from cco.wire.messages import (
     Abort,
     ChunkAck,
@@ -271,7 +271,8 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
     def send_message(self, message: Message) -> None:
         if self._close_reason is not None:
             raise LinkClosed(*self._close_reason)
-        frame = encode_frame(_encoded(message), self._send_limit)
+        body = _encoded(message)
+        prefix = frame_prefix(len(body), self._send_limit)
         if isinstance(message, DATA_MESSAGES):
             stream_id = self._outbound.get(message.group_id)
             if stream_id is None:
@@ -279,11 +280,14 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
                 self._outbound[message.group_id] = stream_id
         else:
             stream_id = CONTROL_STREAM_ID
-        self._write(stream_id, frame)
+        self._write(stream_id, prefix, body)
 
-    def _write(self, stream_id: int, frame: bytes) -> None:
-        self._quic.send_stream_data(stream_id, frame)
-        self._queued_bytes += len(frame)
+    def _write(self, stream_id: int, *pieces: bytes) -> None:
+        """Queue ``pieces``, one after another, on the stream (a frame, or its prefix
+        and its message)."""
+        for piece in pieces:
+            self._quic.send_stream_data(stream_id, piece)
+            self._queued_bytes += len(piece)
         self._schedule_transmit()
 
     def _unsent(self) -> int:

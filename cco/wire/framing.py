@@ -51,14 +51,23 @@ def decode_varint(data: bytes | bytearray | memoryview, pos: int = 0) -> tuple[i
     return value, pos + size
 
 
-def encode_frame(message: bytes, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> bytes:
-    """Prefix ``message`` with its length."""
-    if len(message) > max_message_size:
+def frame_prefix(length: int, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> bytes:
+    """The length prefix of a frame whose message is ``length`` bytes.
+
+    A sender that writes the prefix and the message as two pieces of one stream
+    never copies the message to join them; for a chunk's message that copy was about
+    1% of an aggregator's CPU, once per child."""
+    if length > max_message_size:
         raise EncodeError(
             ErrorCode.MESSAGE_TOO_LARGE,
-            f"message of {len(message)} bytes exceeds the limit of {max_message_size}",
+            f"message of {length} bytes exceeds the limit of {max_message_size}",
         )
-    return encode_varint(len(message)) + message
+    return encode_varint(length)
+
+
+def encode_frame(message: bytes, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> bytes:
+    """Prefix ``message`` with its length."""
+    return frame_prefix(len(message), max_message_size) + message
 
 
 class FrameDecoder:
