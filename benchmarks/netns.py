@@ -386,6 +386,10 @@ class CcoSettings:
     """Every node's QUIC implementation (``--quic-backend``); None: the node default."""
     dtype: str | None = None
     """The endpoints' workload element type (``--dtype``); None: float32, its default."""
+    launcher: Path | None = None
+    """A script every node runs through instead of ``python -m cco.cli`` (it ends in
+    ``cco.cli.main``), such as ``bench_round_trace.py``'s stamps; ``untagged`` still
+    decides the endpoints'."""
 
     @property
     def wan(self) -> bool:
@@ -471,7 +475,8 @@ class CcoCluster:
     def _spawn(
         self, namespace: str | None, name: str, args: list[str], program: list[str] | None = None
     ) -> subprocess.Popen[Any]:
-        argv = [*(program or [sys.executable, "-m", "cco.cli"]), *args]
+        default = [str(self.settings.launcher)] if self.settings.launcher else ["-m", "cco.cli"]
+        argv = [*(program or [sys.executable, *default]), *args]
         log = open(self.workdir / f"{name}.log", "w")  # noqa: SIM115 - the child owns it
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         # Not the caller's directory: `python -m` puts the working directory first on
