@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import bisect
 import json
 import os
 import statistics
@@ -142,6 +143,7 @@ def line_up(
     rounds = min(len(report["rounds"]) for report in reports)
     steps: dict[str, list[float]] = {key: [] for key, _, _ in STEPS}
     sends = [(at, port) for at, port in aggregator.sent if port not in skip_ports]
+    send_times = [at for at, _ in sends]
     for i in range(warmup, rounds - 1):
         if any(i >= len(node_ops) for node_ops in ops) or len({node_ops[i] for node_ops in ops}) != 1:
             continue  # the ranks' i-th Contributions are not of one operation
@@ -155,12 +157,11 @@ def line_up(
         if len(arrived) != len(reports) or not results or any(r is None for r in received):
             continue  # not one Contribution per rank through this aggregator, or a Result missing
         taken = [r[0] for r in received if r is not None]
-        leaving: dict[int, float] = {}
-        for at, port in sends:
-            if at >= max(results) and port not in leaving:
-                leaving[port] = at
-                if len(leaving) == len(reports):
-                    break
+        leaving: dict[int, float] = {}  # the first datagram to each rank after the Results were queued
+        for at, port in sends[bisect.bisect_left(send_times, max(results)) :]:
+            leaving.setdefault(port, at)
+            if len(leaving) == len(reports):
+                break
         if len(leaving) < len(reports):
             continue
         queued = [node.queued[("Contribution", op)][0] for node in endpoints]
@@ -189,7 +190,8 @@ def line_up(
 
 
 def measure(rounds: int, endpoints: int, warmup: int, workdir: Path) -> dict[str, Any]:
-    import netns
+    """Run the cluster with every node stamped; every step's durations, round by round."""
+    import netns  # here, not at the top: a node started through this file does not need it
 
     traces = workdir / "stamps"
     traces.mkdir(parents=True, exist_ok=True)
