@@ -221,31 +221,29 @@ def measure(rounds: int, endpoints: int, warmup: int, workdir: Path) -> dict[str
     return {"rounds": rounds, "endpoints": endpoints, "warmup": warmup, "steps": steps}
 
 
-def _quantile(ordered: list[float], q: float) -> float:
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def summary(steps: dict[str, list[float]]) -> dict[str, dict[str, float]]:
-    """p10, p50 and p90 of every step that has rounds, in seconds."""
-    out: dict[str, dict[str, float]] = {}
-    for key, values in steps.items():
-        if values:
-            ordered = sorted(values)
-            out[key] = {
-                "p10": _quantile(ordered, 0.1),
-                "p50": statistics.median(ordered),
-                "p90": _quantile(ordered, 0.9),
-            }
-    return out
+    """p10, p50 and p90 of every step that has rounds, in seconds (as ``run.py`` takes
+    percentiles)."""
+    from run import percentile  # here, not at the top: a node started through this file does not need it
+
+    return {
+        key: {f"p{pct}": percentile(values, pct) for pct in (10, 50, 90)}
+        for key, values in steps.items()
+        if values
+    }
 
 
 def main() -> None:
+    from run import LATENCY_WARMUP
+
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rounds", type=int, default=1000)
     parser.add_argument("--endpoints", type=int, default=4)
-    parser.add_argument("--warmup", type=int, default=10, help="rounds left out at the start")
+    parser.add_argument(
+        "--warmup", type=int, default=LATENCY_WARMUP, help="rounds left out at the start, as run.py does"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     if args.rounds <= args.warmup + 1:
