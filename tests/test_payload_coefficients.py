@@ -76,7 +76,7 @@ def test_split_coefficients_must_match_the_block() -> None:
         product.add_split(np.zeros((2, 4), dtype=np.int64), np.zeros(4, dtype=np.int32))
 
 
-@pytest.mark.parametrize("n", [SMALL_BLOCK + 1, 5000, BLOCK + 7])
+@pytest.mark.parametrize("n", [1, 18, SMALL_BLOCK, SMALL_BLOCK + 1, 5000, BLOCK + 7])
 def test_sealing_keeps_and_verifying_takes_the_coefficients(n: int) -> None:
     make = int32_header(n)
     cache = mac.CoefficientCache(4)
@@ -128,7 +128,7 @@ def test_coefficients_are_reused_only_for_the_same_keys_chunk_and_length() -> No
     assert cache.take(KEYS, chunk_id, n) is None
 
 
-def test_the_cache_holds_the_newest_chunks_and_no_small_ones() -> None:
+def test_the_cache_holds_the_newest_chunks() -> None:
     cache = mac.CoefficientCache(2)
     values = inputs(2 * SMALL_BLOCK)[0]
     for chunk_id in (b"first", b"second", b"third"):
@@ -137,12 +137,26 @@ def test_the_cache_holds_the_newest_chunks_and_no_small_ones() -> None:
     assert cache.take(KEYS, b"first", len(values)) is None
     for chunk_id in (b"second", b"third"):
         kept = cache.take(KEYS, chunk_id, len(values))
-        assert kept is not None and sum(block.shape[1] for block in kept) == len(values)
-
-    mac.inner_product(KEYS, b"small", values[:SMALL_BLOCK], keep=cache)
-    assert len(cache) == 0  # summed with Python integers: nothing to split, nothing kept
+        assert kept is not None and sum(block.shape[-1] for block in kept) == len(values)
     with pytest.raises(ValueError, match="at least one chunk"):
         mac.CoefficientCache(0)
+
+
+def test_a_small_chunk_keeps_its_words_and_is_not_derived_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk of at most SMALL_BLOCK elements is kept as its keystream words (8 bytes
+    each), and verifying it from the cache derives nothing: no HMAC for key_m, no AES."""
+    values = inputs(SMALL_BLOCK)[0]
+    cache = mac.CoefficientCache(2)
+    tagged = mac.inner_product(KEYS, b"small", values, keep=cache)
+    assert tagged == reference_inner(KEYS, b"small", values)
+    assert len(cache) == 1 and cache.nbytes == 8 * SMALL_BLOCK
+
+    def derived(*_: object) -> bytes:
+        raise AssertionError("the kept coefficients were derived again")
+
+    monkeypatch.setattr(mac, "coefficient_key", derived)
+    assert mac.inner_product(KEYS, b"small", values, reuse=cache) == tagged
+    assert len(cache) == 0
 
 
 def test_the_cache_holds_at_most_its_bytes_and_counts_them_exactly() -> None:
