@@ -29,7 +29,7 @@ from collections.abc import Iterable
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from cco.wire.modp import BLOCK, SMALL_BLOCK, WORD_MASK, InnerProduct, P, prepare
+from cco.wire.modp import BLOCK, WORD_MASK, InnerProduct, P, prepare
 
 KEY_SIZE = 32
 INFO_K1 = b"cco/1 mac k1"
@@ -226,9 +226,8 @@ def inner_product(
 
     The keystream is produced and consumed one block at a time, so memory does not
     grow with the chunk, unless ``keep`` is given: then the chunk keeps its prepared
-    coefficients there (a chunk of at most ``SMALL_BLOCK`` elements its words, which
-    the Python-integer sum takes as they are).  ``reuse`` is a cache to take them from
-    instead of deriving them.
+    coefficients there (:func:`~cco.wire.modp.prepare`).  ``reuse`` is a cache to take
+    them from instead of deriving them.
 
     Small chunks are kept too: for them deriving (key_m's HMAC, then setting up an AES
     context) is most of the cost, and in an 8-byte all-reduce on loopback keeping
@@ -241,7 +240,6 @@ def inner_product(
         for start, u in zip(range(0, n, BLOCK), kept, strict=True):
             product.add_prepared(u, values[start : start + BLOCK])
         return product.result()
-    small = n <= SMALL_BLOCK
     blocks: list[np.ndarray] = []
     encryptor = Cipher(algorithms.AES(coefficient_key(keys, chunk_id)), _CTR_FROM_ZERO).encryptor()
     buffer = _stream.buffer
@@ -253,7 +251,7 @@ def inner_product(
         if keep is None:
             product.add(words, block)
         else:
-            blocks.append(words.copy() if small else prepare(words, values.dtype.itemsize))
+            blocks.append(prepare(words, values.dtype.itemsize))
             product.add_prepared(blocks[-1], block)
     if keep is not None:
         keep.keep(keys, chunk_id, blocks)

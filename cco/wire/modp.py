@@ -130,9 +130,9 @@ class InnerProduct:
 def prepare(words: np.ndarray, width: int) -> np.ndarray:
     """One block's coefficients in the form the inner product at ``width`` takes
     fastest, for :meth:`InnerProduct.add_prepared` to use again: a copy of the words
-    where the compiled loop multiplies them (8 bytes per element), else the limbs of
-    :func:`split_words` (16)."""
-    if kernels.compiled_sums(width) is not None:
+    where Python integers or the compiled loop multiply them (8 bytes per element),
+    else the limbs of :func:`split_words` (16)."""
+    if len(words) <= SMALL_BLOCK or kernels.compiled_sums(width) is not None:
         return words.copy()
     return split_words(words, np.empty((2, len(words)), dtype=np.uint64))
 
