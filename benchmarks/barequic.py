@@ -1,19 +1,26 @@
-"""What the QUIC stack alone does on this machine: the floors under two of issue 8's figures.
+"""What the stack under CCO does alone on this machine: the floors under two of issue 8's figures.
 
 CCO's CPU-bound figures (loopback CPU efficiency and latency) compare a star of five
-Python processes with a yardstick.  This module measures the same stack with no CCO at
-all, so a figure's distance from its target splits into what QUIC itself costs here
-and what CCO adds:
+Python processes with a yardstick.  This module measures the stack beneath CCO's
+protocol with none of the protocol on top, so a figure's distance from its target
+splits into what the stack itself costs here and what CCO's protocol adds:
 
-* :func:`bare_stream` -- one stream, sender here, receiver in another process, same
-  datagram size and receive window as CCO's.  Its goodput is the CPU-efficiency
-  yardstick; the CPU both sides spent gives :func:`star_ingress_bound`, the best
-  share of that yardstick any star on this many cores can reach, CCO or not.
-* :func:`star_round_trips` -- N leaf processes and one hub: each round every leaf
-  sends 8 bytes and the hub answers all of them once it has N.  That is the least an
-  aggregation tree of depth one does per pass, so its p50 is the latency floor of one
-  pass (a block-scaled float sum takes two, block scales then data; the 8-byte case,
-  an EXACT sum, takes one).
+* :func:`bare_stream` -- one stream over the QUIC stack's own asyncio API, sender
+  here, receiver in another process, same datagram size and receive window as
+  CCO's.  Its goodput is the CPU-efficiency yardstick; the CPU both sides spent
+  gives :func:`star_ingress_bound`, the best share of that yardstick any star on
+  this many cores can reach, CCO or not.
+* :func:`star_round_trips` -- N leaf processes and one hub over CCO's own transport
+  (its UDP batching, its adapter of the QUIC stack, framing and the message codec),
+  with no machines, MAC or workload: each round every leaf sends an 8-byte chunk
+  message and the hub answers all of them once it has N.  That is the least an
+  aggregation tree of depth one does per pass, so its p50 is the latency floor of
+  one pass (a block-scaled float sum takes two, block scales then data; the 8-byte
+  case, an EXACT sum, takes one).  It runs on CCO's transport, not on the stack's
+  own asyncio API, because at CCO's loopback datagram size (16000) qh3's asyncio
+  layer holds most of a leaf's small packets for its pacing timer: the same star
+  took 1.35 ms per round there against 0.35 ms at 1452 bytes, a cost CCO's
+  transport does not have (BENCHMARKS.md).
 
 Both run as subprocesses of this file (``python barequic.py sink|hub|leaf ...``).
 """
@@ -34,8 +41,10 @@ from typing import Any
 
 from quicapi import quic_api
 
-from cco.transport import TransportConfig
+from cco.transport import LinkClosed, LocalIdentity, PeerLink, TransportConfig, connect, create_dev_pki, serve
 from cco.transport.config import QUIC_BACKENDS
+from cco.wire.messages import Capabilities, Contribution
+from cco.wire.registries import Collective, DType, ReduceOp, Role
 
 MESSAGE = 8
 """Bytes each leaf sends per round, and the hub answers: the latency case's payload."""
@@ -192,42 +201,82 @@ def star_ingress_bound(run: StreamRun, cores: int) -> float:
 
 # --- a star of round trips --------------------------------------------------------------------
 
+STAR_HUB = "hub-0"
+
+
+def _star_message() -> Contribution:
+    """What every leaf sends and the hub answers each round: an 8-byte chunk message,
+    as the latency case's Contribution and Result are."""
+    return Contribution(
+        group_id=bytes(16),
+        epoch=0,
+        op_id=1,
+        kind=Collective.ALL_REDUCE,
+        op=ReduceOp.SUM,
+        dtype=DType.INT64,
+        total_elements=1,
+        chunk_elements=1,
+        chunk_index=0,
+        contributors=b"\x01",
+        width=8,
+        payload=bytes(MESSAGE),
+        tag=0,
+    )
+
+
+_STAR_CAPABILITIES = Capabilities(
+    dtypes=(DType.INT64,),
+    ops=(ReduceOp.SUM,),
+    collectives=(Collective.ALL_REDUCE,),
+    max_message_size=1 << 20,
+    max_chunk_elements=1 << 10,
+    extensions=(),
+)
+
+
+def _star_config(pki: Path, node_id: str, datagram: int, backend: str) -> TransportConfig:
+    return TransportConfig.for_node(pki, node_id, max_datagram_size=datagram, quic_backend=backend)
+
 
 def _hub(argv: list[str]) -> int:
     """Answer every leaf once all ``--leaves`` have sent this round's message."""
     args = _arguments("hub", argv, "--pki", "--leaves", "--rounds")
-    quic = quic_api(args.backend)
 
     async def main() -> None:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        waiting: list[tuple[Any, int]] = []
+        waiting: list[PeerLink] = []
         state = {"rounds": 0, "cpu": 0.0}
+        answer = _star_message()
 
-        class Hub(quic.Protocol):  # type: ignore[misc,name-defined]
-            def quic_event_received(self, event: Any) -> None:
-                if not isinstance(event, quic.StreamDataReceived) or not event.data:
-                    return
-                waiting.append((self, event.stream_id))
-                if len(waiting) < args.leaves:
-                    return
-                state["rounds"] += 1
-                if state["rounds"] == 1:
-                    state["cpu"] = _cpu_seconds()  # from the first complete round: no handshakes
-                for protocol, stream in waiting:
-                    protocol._quic.send_stream_data(stream, bytes(MESSAGE))
-                    protocol.transmit()
-                waiting.clear()
-                if state["rounds"] == args.rounds and not done.done():
-                    done.set_result(None)
+        async def serve_leaf(link: PeerLink) -> None:
+            try:
+                while True:
+                    await link.receive()
+                    waiting.append(link)
+                    if len(waiting) < args.leaves:
+                        continue
+                    state["rounds"] += 1
+                    if state["rounds"] == 1:
+                        state["cpu"] = _cpu_seconds()  # from the first complete round: no handshakes
+                    for leaf in waiting:
+                        leaf.send(answer)
+                    for leaf in waiting:
+                        leaf.flush()
+                    waiting.clear()
+                    if state["rounds"] == args.rounds and not done.done():
+                        done.set_result(None)
+            except LinkClosed:
+                return  # the leaf is done
 
-        config = _server_config(quic, args.pki, args.datagram)
-        server = await quic.serve("127.0.0.1", args.port, configuration=config, create_protocol=Hub)
+        config = _star_config(args.pki, STAR_HUB, args.datagram, args.backend)
+        local = LocalIdentity(STAR_HUB, Role.AGGREGATOR, _STAR_CAPABILITIES)
+        server = await serve("127.0.0.1", args.port, config, local, serve_leaf)
         print("ready", flush=True)
         await asyncio.wait_for(done, DEADLINE)
         cpu = (_cpu_seconds() - state["cpu"]) / max(1, args.rounds - 1)
         print(json.dumps({"cpu_per_round": cpu}), flush=True)
         await asyncio.sleep(0.2)  # let the last answers leave before closing
-        server.close()
+        await server.close()
 
     asyncio.run(main())
     return 0
@@ -235,35 +284,33 @@ def _hub(argv: list[str]) -> int:
 
 def _leaf(argv: list[str]) -> int:
     """Send ``--rounds`` messages one after another, each when the last was answered."""
-    args = _arguments("leaf", argv, "--rounds")
-    quic = quic_api(args.backend)
+    args = _arguments("leaf", argv, "--pki", "--index", "--rounds")
 
     async def main() -> None:
-        answers: asyncio.Queue[bytes] = asyncio.Queue()
+        node_id = f"leaf-{args.index}"
+        config = _star_config(args.pki, node_id, args.datagram, args.backend)
+        local = LocalIdentity(node_id, Role.ENDPOINT, _STAR_CAPABILITIES)
+        link = await connect("127.0.0.1", args.port, config, local, STAR_HUB)
+        message = _star_message()
 
-        class Leaf(quic.Protocol):  # type: ignore[misc,name-defined]
-            def quic_event_received(self, event: Any) -> None:
-                if isinstance(event, quic.StreamDataReceived) and event.data:
-                    answers.put_nowait(event.data)
+        async def rounds() -> tuple[list[float], float]:
+            seconds = []
+            cpu = 0.0
+            for index in range(args.rounds):
+                if index == 1:
+                    cpu = _cpu_seconds()
+                start = time.perf_counter()
+                link.send(message)
+                link.flush()
+                await link.receive()
+                seconds.append(time.perf_counter() - start)
+            return seconds, (_cpu_seconds() - cpu) / max(1, args.rounds - 1)
 
-        config = _client_config(quic, args.datagram)
-        async with quic.connect("127.0.0.1", args.port, configuration=config, create_protocol=Leaf) as client:
-            stream = client._quic.get_next_available_stream_id()
-
-            async def rounds() -> tuple[list[float], float]:
-                seconds = []
-                cpu = 0.0
-                for index in range(args.rounds):
-                    if index == 1:
-                        cpu = _cpu_seconds()
-                    start = time.perf_counter()
-                    client._quic.send_stream_data(stream, bytes(MESSAGE))
-                    client.transmit()
-                    await answers.get()
-                    seconds.append(time.perf_counter() - start)
-                return seconds, (_cpu_seconds() - cpu) / max(1, args.rounds - 1)
-
+        try:
             seconds, cpu = await asyncio.wait_for(rounds(), DEADLINE)
+        finally:
+            link.close()
+            await link.wait_closed()
         print(json.dumps({"round_seconds": seconds, "cpu_per_round": cpu}), flush=True)
 
     asyncio.run(main())
@@ -271,17 +318,21 @@ def _leaf(argv: list[str]) -> int:
 
 
 def star_round_trips(
-    pki: Path, leaves: int, rounds: int, datagram: int, backend: str, port: int
+    workdir: Path, leaves: int, rounds: int, datagram: int, backend: str, port: int
 ) -> dict[str, Any]:
-    """Round times of ``leaves`` leaf processes through one hub (the first round, which
-    waits for every leaf to connect, dropped), and each side's CPU per round."""
-    common = ["--port", str(port), "--datagram", str(datagram), "--rounds", str(rounds), "--backend", backend]
-    hub = _spawn("hub", "--pki", str(pki), "--leaves", str(leaves), *common)
+    """Round times of ``leaves`` leaf processes through one hub over CCO's transport
+    (the first round, which waits for every leaf to connect, dropped), and each
+    side's CPU per round.  Certificates for the star go in ``workdir``."""
+    pki = workdir / "star-pki"
+    create_dev_pki(pki, [(STAR_HUB, Role.AGGREGATOR), *((f"leaf-{i}", Role.ENDPOINT) for i in range(leaves))])
+    common = ["--pki", str(pki), "--port", str(port), "--datagram", str(datagram), "--rounds", str(rounds)]
+    common += ["--backend", backend]
+    hub = _spawn("hub", "--leaves", str(leaves), *common)
     processes = [hub]
     try:
         _expect_ready(hub, "hub")
-        for _ in range(leaves):
-            processes.append(_spawn("leaf", *common))
+        for index in range(leaves):
+            processes.append(_spawn("leaf", "--index", str(index), *common))
         reports = []
         for process in processes:
             assert process.stdout is not None

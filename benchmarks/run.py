@@ -71,8 +71,8 @@ transfer alone is noisy: 160 to 232 MB/s on one host, 178 to 322 MB/s on another
 (eight in a row, a median near 200); with three, two fast ones in a run moved the
 figure from 63% to 46% while CCO's own ingress stayed at 128 MB/s."""
 FLOOR_ROUNDS = 1000
-"""Rounds of the bare QUIC star (about 1.5 s).  With 200 or 300 its p50 read 1.75 ms
-against 1.3 ms with 1000: the first rounds run slower while the processes settle."""
+"""Rounds of the transport star, the latency floor (about 1 s).  Fewer read higher:
+the first rounds run slower while the processes settle."""
 FAST_LINK_CHUNK = 131072
 """Chunk elements of the loopback case's second run, a setting for links much faster
 than the default's 32768 suits: every chunk costs each process a fixed amount of CPU
@@ -711,7 +711,9 @@ def quick(args: argparse.Namespace) -> dict[str, Any]:
         bare = streams[BARE_STREAMS // 2]
         low, high = streams[0].goodput / 1e6, streams[-1].goodput / 1e6
         spread = f"median of {BARE_STREAMS}: {low:.0f} to {high:.0f}"
-        floor = barequic.star_round_trips(pki, 4, FLOOR_ROUNDS, net.datagram, backend, netns._free_port())
+        floor = barequic.star_round_trips(
+            tmp / "cco-loopback", 4, FLOOR_ROUNDS, net.datagram, backend, netns._free_port()
+        )
         bare_quic = {
             "network": net.describe(),
             "stream": asdict(bare),
@@ -796,7 +798,7 @@ def quick(args: argparse.Namespace) -> dict[str, Any]:
     trips = floor["round_seconds"]
     targets.append(
         Target(
-            "  floor: bare QUIC star, 4 leaves, 8 B, one pass",
+            "  floor: CCO's transport alone, star of 4 leaves, 8 B, one pass",
             "report",
             f"p50 {percentile(trips, 50) * 1e3:.2f} / p99 {percentile(trips, 99) * 1e3:.2f} ms; "
             f"CPU per round: leaf {floor['leaf_cpu_per_round'] * 1e3:.2f}, "

@@ -1,6 +1,6 @@
 """The floors that run.py prints beside the CPU-bound targets (benchmarks/barequic.py):
 a bare QUIC stream with the CPU each side spent, the share of it a star can reach on a
-given number of cores, and a bare star of round trips.  Small runs on loopback, so the
+given number of cores, and a star of round trips over CCO's transport.  Small runs on loopback, so the
 harness keeps working; the figures themselves live in BENCHMARKS.md."""
 
 from __future__ import annotations
@@ -51,8 +51,11 @@ def test_a_bare_stream_reports_its_bytes_and_both_sides_cpu(pki: Path) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_a_bare_star_answers_every_leaf_every_round(pki: Path) -> None:
-    star = barequic.star_round_trips(pki, leaves=2, rounds=20, datagram=16000, backend="qh3", port=_port())
+@pytest.mark.parametrize("backend", ["qh3", "aioquic"])
+def test_the_transport_star_answers_every_leaf_every_round(tmp_path: Path, backend: str) -> None:
+    star = barequic.star_round_trips(
+        tmp_path, leaves=2, rounds=20, datagram=16000, backend=backend, port=_port()
+    )
     assert len(star["round_seconds"]) == 2 * 19  # the first round of each leaf waits for connections
     assert all(s > 0 for s in star["round_seconds"])
     assert star["leaf_cpu_per_round"] > 0 and star["hub_cpu_per_round"] > 0
