@@ -798,7 +798,7 @@ def quick(args: argparse.Namespace) -> dict[str, Any]:
     trips = floor["round_seconds"]
     targets.append(
         Target(
-            "  floor: CCO's transport alone, star of 4 leaves, 8 B, one pass",
+            "  floor: CCO's transport alone, 8 B star, one pass",
             "report",
             f"p50 {percentile(trips, 50) * 1e3:.2f} / p99 {percentile(trips, 99) * 1e3:.2f} ms; "
             f"CPU per round: leaf {floor['leaf_cpu_per_round'] * 1e3:.2f}, "
