@@ -94,7 +94,7 @@ def _spawn(role: str, *args: str) -> subprocess.Popen[str]:
 def _expect_ready(process: subprocess.Popen[str], role: str) -> None:
     assert process.stdout is not None
     if process.stdout.readline().strip() != "ready":
-        raise RuntimeError(f"bare QUIC {role} did not start")
+        raise RuntimeError(f"barequic.py {role} did not start")
 
 
 def _stop(process: subprocess.Popen[str]) -> None:
@@ -204,6 +204,10 @@ def star_ingress_bound(run: StreamRun, cores: int) -> float:
 STAR_HUB = "hub-0"
 
 
+def _leaf_id(index: int) -> str:
+    return f"leaf-{index}"
+
+
 def _star_message() -> Contribution:
     """What every leaf sends and the hub answers each round: an 8-byte chunk message,
     as the latency case's Contribution and Result are."""
@@ -287,7 +291,7 @@ def _leaf(argv: list[str]) -> int:
     args = _arguments("leaf", argv, "--pki", "--index", "--rounds")
 
     async def main() -> None:
-        node_id = f"leaf-{args.index}"
+        node_id = _leaf_id(args.index)
         config = _star_config(args.pki, node_id, args.datagram, args.backend)
         local = LocalIdentity(node_id, Role.ENDPOINT, _STAR_CAPABILITIES)
         link = await connect("127.0.0.1", args.port, config, local, STAR_HUB)
@@ -324,7 +328,7 @@ def star_round_trips(
     (the first round, which waits for every leaf to connect, dropped), and each
     side's CPU per round.  Certificates for the star go in ``workdir``."""
     pki = workdir / "star-pki"
-    create_dev_pki(pki, [(STAR_HUB, Role.AGGREGATOR), *((f"leaf-{i}", Role.ENDPOINT) for i in range(leaves))])
+    create_dev_pki(pki, [(STAR_HUB, Role.AGGREGATOR), *((_leaf_id(i), Role.ENDPOINT) for i in range(leaves))])
     common = ["--pki", str(pki), "--port", str(port), "--datagram", str(datagram), "--rounds", str(rounds)]
     common += ["--backend", backend]
     hub = _spawn("hub", "--leaves", str(leaves), *common)
