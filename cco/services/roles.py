@@ -15,6 +15,7 @@ import gc
 import hashlib
 import json
 import logging
+import os
 import resource
 import signal
 import sys
@@ -253,6 +254,27 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+INLINE_WORKLOAD_BYTES = 1 << 16
+"""The largest input the ``allreduce`` workload hashes and draws on the event loop
+(about 0.1 ms for 64 KiB); larger ones go to a worker thread."""
+
+
+def _yield_core() -> None:
+    """Let any other runnable task of this host have this core first (``sched_yield``;
+    returns at once when none is waiting, and is skipped where the OS lacks it).
+
+    A rank whose result arrived first would otherwise hash it, draw its next input and
+    seal its next Contribution at once, and on a host whose cores the ranks share that
+    work takes the core from ranks still verifying the same round's Results: with the
+    draw done inline and no yield, an 8-byte round's p50 was 2.77 to 2.87 ms against
+    2.35 to 2.40 with the draw on a worker thread.  Yielding first keeps the inline
+    draw's saving (0.14 ms of CPU per rank and round, the thread's wake-ups and GIL
+    hand-overs) without that cost: p50 2.23 to 2.29 ms (BENCHMARKS.md)."""
+    sched_yield = getattr(os, "sched_yield", None)
+    if sched_yield is not None:
+        sched_yield()
+
+
 def _digest_then_draw(
     result: np.ndarray, data: np.ndarray, following: int | None, rank: int, dtype: DType
 ) -> str:
@@ -352,15 +374,14 @@ async def _allreduce_rounds(
     """Verified all-reduce rounds (float32 by default); one progress line per round on stdout.
     Under ``quorum`` each round's record also names the ranks it was over.
 
-    Drawing the input and hashing the result run in a worker thread: for 64 MiB they
-    took 0.13 s and 0.23 s of CPU, which on a loaded machine held the event loop (and
-    so this node's heartbeats) for seconds, long enough for the rendezvous to evict
-    the rank.  Between two calls that is one trip to the worker, not two: it hashes
-    the result, then draws the next round's input.  Each trip costs an endpoint
-    about 0.1 ms of CPU (thread wake-ups, the GIL changing hands), a tenth of an
-    8-byte round's.  Every round reuses one input and one result array, as a
-    training loop reuses its buffers (and as the Gloo side of the benchmarks reuses
-    its tensor).
+    Between two calls the rank hashes the result, then draws the next round's input.
+    For inputs above :data:`INLINE_WORKLOAD_BYTES` that is one trip to a worker
+    thread: for 64 MiB they took 0.13 s and 0.23 s of CPU, which on a loaded machine
+    held the event loop (and so this node's heartbeats) for seconds, long enough for
+    the rendezvous to evict the rank.  Smaller inputs take tens of microseconds and
+    are done here, after :func:`_yield_core`.  Every round reuses one input and one
+    result array, as a training loop reuses its buffers (and as the Gloo side of the
+    benchmarks reuses its tensor).
 
     Each record also has ``started``, the call's time on ``time.monotonic()`` (on
     Linux the system-wide CLOCK_MONOTONIC), so that the ranks' records of one host can
@@ -381,7 +402,11 @@ async def _allreduce_rounds(
             result, contributors = partial.array, sorted(partial.contributors)
         seconds = time.perf_counter() - start
         following = round_index + 1 if round_index + 1 < rounds else None
-        digest = await asyncio.to_thread(_digest_then_draw, result, data, following, comm.rank, dtype)
+        if data.nbytes <= INLINE_WORKLOAD_BYTES:
+            _yield_core()
+            digest = _digest_then_draw(result, data, following, comm.rank, dtype)
+        else:
+            digest = await asyncio.to_thread(_digest_then_draw, result, data, following, comm.rank, dtype)
         record: dict[str, Any] = {
             "round": round_index,
             "seconds": seconds,
