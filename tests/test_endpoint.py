@@ -15,7 +15,7 @@ import random
 import tracemalloc
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cco.nodes import endpoint_states as states
+from cco.nodes import operation as operation_module
 from cco.nodes.calls import CollectiveRequest, EndpointConfig, OperationError
 from cco.nodes.endpoint import EndpointMachine
 from cco.nodes.endpoint_states import OPERATION_TABLE, SESSION_TABLE, LinkState, SessionState
@@ -330,6 +331,25 @@ def test_window_self_clocks_and_result_is_verified() -> None:
     assert completed.result is not None
     assert completed.result.tolist() == [v + 0 + 2 + 3 for v in values]  # ranks 0, 2, 3 send their rank
     assert completed.result.dtype == np.int32 and rig.machine.outstanding == 0
+
+
+def test_chunk_0_is_sealed_from_the_encoding_start_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """start() encodes the whole input, a chunk at a time, to refuse an unencodable
+    value before anything is sent; chunk 0, sealed at once, takes that encoding
+    instead of encoding its values a second time.  Later chunks are encoded when sent."""
+    encoded: list[tuple[int, int]] = []
+    encode = operation_module.encode_range
+
+    def counting(*args: Any) -> np.ndarray:
+        encoded.append((args[5], args[6]))  # start, stop
+        return encode(*args)
+
+    monkeypatch.setattr(operation_module, "encode_range", counting)
+    rig = joined()
+    values = list(range(10))  # chunks of 4, 4 and 2; a window of 2
+    _, out = rig.start(int_request(values))
+    assert [c.chunk_index for c in sent(out, rig.parent, Contribution)] == [0, 1]
+    assert encoded == [(0, 4), (4, 8), (8, 10), (4, 8)]  # the check's three, then chunk 1
 
 
 def test_duplicate_results_do_not_count_twice() -> None:
