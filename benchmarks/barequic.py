@@ -41,9 +41,10 @@ from typing import Any
 
 from quicapi import quic_api
 
+from cco.services.node import full_capabilities
 from cco.transport import LinkClosed, LocalIdentity, PeerLink, TransportConfig, connect, create_dev_pki, serve
 from cco.transport.config import QUIC_BACKENDS
-from cco.wire.messages import Capabilities, Contribution
+from cco.wire.messages import Contribution
 from cco.wire.registries import Collective, DType, ReduceOp, Role
 
 MESSAGE = 8
@@ -228,14 +229,8 @@ def _star_message() -> Contribution:
     )
 
 
-_STAR_CAPABILITIES = Capabilities(
-    dtypes=(DType.INT64,),
-    ops=(ReduceOp.SUM,),
-    collectives=(Collective.ALL_REDUCE,),
-    max_message_size=1 << 20,
-    max_chunk_elements=1 << 10,
-    extensions=(),
-)
+_STAR_CAPABILITIES = full_capabilities(1 << 20)
+"""What the hub and leaves announce: what every node announces, as in the latency case."""
 
 
 def _star_config(pki: Path, node_id: str, datagram: int, backend: str) -> TransportConfig:
