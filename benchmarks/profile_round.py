@@ -317,17 +317,17 @@ def main(argv: list[str] | None = None) -> int:
         if sampling_ended > max(r["started"] for rep in run.reports for r in rep["rounds"]):
             print("profile_round.py: the rounds ended before sampling did: raise --rounds", file=sys.stderr)
             return 2
-        script = subprocess.run(
-            [perf, "script", "-i", str(data), "-F", "comm,pid,time,ip,sym,dso"],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
+        read = [perf, "script", "-i", str(data), "-F", "comm,pid,time,ip,sym,dso"]
+        script = subprocess.run(read, capture_output=True, text=True)
         roles = _roles(pid_dir)
-        samples = list(parse_samples(script.stdout.splitlines()))
-        result = tally(samples, roles)
         for pid in roles:  # the nodes' perf maps, left in /tmp by the interpreter
             Path(f"/tmp/perf-{pid}.map").unlink(missing_ok=True)
+        samples = list(parse_samples(script.stdout.splitlines()))
+        if script.returncode != 0 or not samples:
+            problem = script.stderr.strip() or "no samples"
+            print(f"profile_round.py: perf script read no samples: {problem}", file=sys.stderr)
+            return 2
+        result = tally(samples, roles)
     start, end = min(s.time for s in samples), max(s.time for s in samples)
     figures = report(result, _rounds_in(run.reports, start, end), end - start, args.top)
     figures["python"] = sys.version.split()[0]
