@@ -255,9 +255,15 @@ class MachineRunner:
         for link in links:
             link.close(code, detail)
         while self._tasks:
-            for task in list(self._tasks):
+            tasks = list(self._tasks)
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
+            # Since Python 3.12 gather returns without yielding to the loop when every
+            # task had already ended, before their done callbacks (which discard them)
+            # have run: without this, a pump that ended just before close() kept the
+            # loop spinning here, deaf even to SIGTERM.
+            self._tasks.difference_update(tasks)
         closing = [asyncio.wait_for(link.wait_closed(), CLOSE_WAIT) for link in {*links, *self._departing}]
         await asyncio.gather(*closing, return_exceptions=True)
         self.closed.set()
