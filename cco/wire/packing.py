@@ -35,10 +35,20 @@ def contribution_bound(world_size: int) -> int:
     return RANGE_BOUND // world_size
 
 
+SMALL_EXTREMES = 32
+"""Up to this many integers, :func:`extremes` reads them as Python integers: numpy's
+two reductions cost about 1.3 us whatever the length, against 0.2 us for two
+integers and 0.9 us for 32 through a list (the reference machine); an 8-byte
+all-reduce finds extremes about six times per rank and round."""
+
+
 def extremes(values: np.ndarray) -> tuple[int, int]:
     """(min, max) of ``values`` as Python integers; (0, 0) when empty."""
     if len(values) == 0:
         return 0, 0
+    if len(values) <= SMALL_EXTREMES:
+        listed = values.tolist()
+        return min(listed), max(listed)
     return int(values.min()), int(values.max())
 
 
