@@ -32,7 +32,10 @@ ulp; for 8-byte widths the integer itself may first round to binary64, adding
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 
 from cco.wire import kernels
 from cco.wire.dtypes import ElementType, round_to_bfloat16
@@ -113,7 +116,8 @@ def propose(
     scales -= too_big  # one less always fits: maxima * 2^(scales - 1) < 2^top <= limit
     scales[maxima == 0] = SCALE_MAX
     # finite binary64 values keep |s| below about 1140: the clip only states the range
-    return np.clip(scales, SCALE_MIN, SCALE_MAX).astype(np.int16)
+    clipped: np.ndarray = np.clip(scales, SCALE_MIN, SCALE_MAX).astype(np.int16)
+    return clipped
 
 
 def attestations(own: np.ndarray, agreed: np.ndarray) -> np.ndarray:
@@ -193,13 +197,15 @@ def quantize(
     if len(scales) != block_count(len(values), block_elements):
         raise CcoError(ErrorCode.INVALID_FIELD, f"{len(scales)} scales for {len(values)} elements")
     scales = np.asarray(scales, dtype=np.int64)
-    scaled = np.empty(len(values), dtype=np.float32 if _in_binary32(values, scales) else np.float64)
+    scaled: npt.NDArray[np.floating[Any]] = np.empty(
+        len(values), dtype=np.float32 if _in_binary32(values, scales) else np.float64
+    )
     with np.errstate(over="ignore", invalid="ignore"):
         np.rint(_times_power_of_two(values, scales, block_elements, scaled), out=scaled)
     bound = _float_limit(limit)
     # float() so that the comparison is exact: numpy compares a binary32 scalar with a
     # Python float in binary32, where a bound such as 2^29 - 1 rounds up to 2^29
-    if len(scaled) and not (float(scaled.max()) <= bound and float(scaled.min()) >= -bound):  # NaN fails
+    if len(scaled) and not (float(np.max(scaled)) <= bound and float(np.min(scaled)) >= -bound):  # NaN fails
         _check_finite(values, first)
         bad = int(np.argmax(~(np.abs(scaled) <= bound)))
         raise CcoError(

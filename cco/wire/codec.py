@@ -36,7 +36,7 @@ from cco.wire.dtypes import (
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.exact import from_limbs, limb_count, to_limbs
 from cco.wire.ops import OPS, Form, form
-from cco.wire.packing import contribution_bound, fits_width
+from cco.wire.packing import contribution_bound, extremes, fits_width
 from cco.wire.registries import Collective, DType, ReduceOp
 
 
@@ -90,12 +90,14 @@ def encode_range(
             raise CcoError(error.code, f"{error.detail} (counted from element {start})") from None
     wide = part.astype(np.int64)
     bound = contribution_bound(world_size)
-    if OPS[op].verifiable and len(wide) and max(-int(wide.min()), int(wide.max())) > bound:
-        bad = int(np.argmax(np.abs(wide)))
-        raise CcoError(
-            ErrorCode.OVERFLOW,
-            f"element {start + bad} ({int(wide[bad])}) exceeds the contribution bound {bound}",
-        )
+    if OPS[op].verifiable:
+        lo, hi = extremes(wide)
+        if max(-lo, hi) > bound:
+            bad = int(np.argmax(np.abs(wide)))
+            raise CcoError(
+                ErrorCode.OVERFLOW,
+                f"element {start + bad} ({int(wide[bad])}) exceeds the contribution bound {bound}",
+            )
     return wide
 
 
