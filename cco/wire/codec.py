@@ -112,7 +112,7 @@ def encode_values(
 
 
 def _checked_patterns(values: np.ndarray, pattern: np.dtype[np.signedinteger]) -> np.ndarray:
-    if len(values) and not fits_width(int(values.min()), int(values.max()), pattern.itemsize):
+    if not fits_width(*extremes(values), pattern.itemsize):
         raise CcoError(ErrorCode.OVERFLOW, f"a bit pattern does not fit {pattern}: slices overlapped")
     return values.astype(pattern)
 
@@ -154,7 +154,7 @@ def decode_values(
         return from_limbs(values, element, contributor_count if op is ReduceOp.AVG else 1)
     if op is ReduceOp.AVG and contributor_count != 1:
         values = _round_half_even_div(values, contributor_count)
-    if len(values) and not fits_width(int(values.min()), int(values.max()), element.bits // 8):
+    if not fits_width(*extremes(values), element.bits // 8):
         raise CcoError(ErrorCode.OVERFLOW, f"a result does not fit {dtype.name}")
     return values.astype(element.storage)
 

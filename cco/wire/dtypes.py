@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cco.wire.errors import CcoError, ErrorCode
+from cco.wire.packing import extremes
 from cco.wire.registries import DType
 
 
@@ -146,7 +147,8 @@ def from_ordered_keys(keys: np.ndarray, element: ElementType) -> np.ndarray:
     pattern of the type's width."""
     keys = np.asarray(keys, dtype=np.int64)
     limit = 1 << (element.bits - 1)
-    if len(keys) and not (-limit <= int(keys.min()) and int(keys.max()) < limit):
+    lo, hi = extremes(keys)
+    if not (-limit <= lo and hi < limit):
         raise CcoError(ErrorCode.OVERFLOW, f"an ordered key does not fit {element.bits} bits")
     flip = np.int64(limit - 1)
     patterns = np.where(keys < 0, keys ^ flip, keys).astype(f"<i{element.bits // 8}")
