@@ -74,6 +74,7 @@ class LocalCluster:
         (:meth:`restart_rendezvous`) carries on from it and nothing is written elsewhere."""
         self.rendezvous_port = free_udp_port()
         self._infra: list[_Process] = []
+        self._taken_signals: list[signal.Signals] = []
 
     # --- processes -----------------------------------------------------------------
 
@@ -277,14 +278,40 @@ class LocalCluster:
         self._infra.clear()
 
     def __enter__(self) -> LocalCluster:
+        self._taken_signals = _unwind_on_signals()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        try:
+            self.close()
+        finally:
+            for sig in self._taken_signals:
+                signal.signal(sig, signal.SIG_DFL)
 
     @property
     def infrastructure_logs(self) -> list[Path]:
         return [process.log for process in self._infra]
+
+
+def _unwind_on_signals() -> list[signal.Signals]:
+    """Make SIGTERM and SIGHUP end this process as Ctrl-C does, by an exception that
+    unwinds through ``with LocalCluster(...)`` and so stops every node; the signals
+    taken, to give back to their default action.  Left at that default they end the
+    process at once: a demo stopped with ``kill`` left its rendezvous and aggregators
+    running.  Only signals at their default action are taken, and only on the main
+    thread (the only one Python delivers signals to)."""
+    taken: list[signal.Signals] = []
+    if threading.current_thread() is not threading.main_thread():
+        return taken
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, _exit_on_signal)
+            taken.append(sig)
+    return taken
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _stop(process: _Process) -> None:

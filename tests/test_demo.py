@@ -9,11 +9,14 @@ bounded in time, and reads what it printed and what every node logged.
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from logcheck import log_problems
+from proctree import children, kill_all, still_running
 
 ROUNDS = 3
 ENDPOINTS = 4
@@ -40,3 +43,28 @@ def test_demo_runs_verified_bit_identical_rounds(tmp_path: Path) -> None:
         f"ep-{i}" for i in range(ENDPOINTS)
     }
     assert log_problems(logs) == []
+
+
+def test_a_demo_stopped_with_sigterm_stops_every_node_it_started(tmp_path: Path) -> None:
+    """``kill`` of a running demo used to end it at once, without its clean-up, and
+    its rendezvous and aggregators ran on.  It now unwinds as on Ctrl-C."""
+    args = ["--endpoints", "2", "--aggregators", "1", "--rounds", "100000", "--elements", "2"]
+    args += ["--workdir", str(tmp_path / "demo")]
+    output = tmp_path / "demo.out"
+    with open(output, "w") as out:  # a file, not a pipe that would fill while the demo stops
+        demo = subprocess.Popen(
+            [sys.executable, "-m", "cco.cli", "demo", *args], stdout=out, stderr=subprocess.STDOUT, text=True
+        )
+    nodes: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while "rank 0: round 1/" not in output.read_text():  # the endpoints are at work
+            assert demo.poll() is None and time.monotonic() < deadline, output.read_text()
+            time.sleep(0.1)
+        nodes += children(demo.pid)
+        assert len(nodes) == 4, nodes  # the rendezvous, the aggregator and two endpoints
+        demo.send_signal(signal.SIGTERM)
+        assert demo.wait(30) == 128 + signal.SIGTERM
+        assert still_running(nodes, within=10) == []
+    finally:  # whatever failed, nothing started here is left running
+        kill_all(demo, nodes)
