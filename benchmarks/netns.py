@@ -471,6 +471,9 @@ class CcoCluster:
         self.pki = self.workdir / "pki"
         self._services: list[tuple[str, subprocess.Popen[Any]]] = []
         self._runs = 0
+        # a harness stopped by SIGTERM or SIGHUP (a timeout, a cancelled job) then
+        # unwinds through `with CcoCluster(...)` and stops its nodes, on loopback too
+        _install_cleanup()
 
     def _spawn(
         self, namespace: str | None, name: str, args: list[str], program: list[str] | None = None
@@ -584,20 +587,22 @@ class CcoCluster:
         deadline = started + timeout
         failed = []
         cpu = []
-        for name, process in processes:
-            try:
-                code, seconds = _wait_cpu(process, deadline - time.perf_counter())
-                cpu.append(seconds)
-            except subprocess.TimeoutExpired:
-                failed.append(f"{name} did not finish within {timeout:.0f} s: {self.tail(name)}")
-                continue
-            if code != 0:
-                failed.append(f"{name} exited with {code}: {self.tail(name)}")
-        wall = time.perf_counter() - started
-        for _, process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+        try:
+            for name, process in processes:
+                try:
+                    code, seconds = _wait_cpu(process, deadline - time.perf_counter())
+                    cpu.append(seconds)
+                except subprocess.TimeoutExpired:
+                    failed.append(f"{name} did not finish within {timeout:.0f} s: {self.tail(name)}")
+                    continue
+                if code != 0:
+                    failed.append(f"{name} exited with {code}: {self.tail(name)}")
+            wall = time.perf_counter() - started
+        finally:  # also when the harness is stopped meanwhile: no endpoint outlives it
+            for _, process in processes:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
         if failed:
             raise NetnsError("; ".join(failed))
         reports = [json.loads((self.workdir / f"{name}.json").read_text()) for name, _ in processes]

@@ -12,6 +12,7 @@ the tbf sizing and the delay/loss relay are checked everywhere.
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import netns  # benchmarks/ is not a package: found through the path set above
 import relay
+from proctree import children, kill_all, still_running
 
 REASON = netns.unavailable_reason()
 needs_namespaces = pytest.mark.skipif(REASON is not None, reason=f"namespace testbed unavailable: {REASON}")
@@ -100,6 +102,45 @@ def test_nodes_import_the_named_cco_not_the_callers_directory(
     with netns.CcoCluster(None, Path("work"), 1, settings) as cluster:
         cluster.start(timeout=30)  # both services reach "listening"
         assert cluster.workdir == decoy.parent / "work"
+
+
+HARNESS = """
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import netns
+settings = netns.CcoSettings(max_datagram_size=16000)
+with netns.CcoCluster(None, Path(sys.argv[2]), 2, settings) as cluster:
+    cluster.start(timeout=30)
+    cluster.run(elements=2, rounds=100000, timeout=600)
+"""
+
+
+def test_a_harness_stopped_with_sigterm_stops_its_loopback_nodes(tmp_path: Path) -> None:
+    """A benchmark on loopback killed by a timeout ended at once and left its nodes
+    running (the namespace star already unwound on SIGTERM; the loopback cluster did
+    not), and an endpoint it was waiting for outlived it too."""
+    benchmarks = Path(netns.__file__).parent
+    harness = subprocess.Popen(
+        [sys.executable, "-c", HARNESS, str(benchmarks), str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    nodes: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        logs = [tmp_path / f"run1-ep-{i}.log" for i in range(2)]
+        while not all(log.exists() and "round 1/" in log.read_text() for log in logs):
+            assert harness.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        nodes += children(harness.pid)
+        assert len(nodes) == 4, nodes  # the rendezvous, the aggregator and two endpoints
+        harness.send_signal(signal.SIGTERM)
+        assert harness.wait(30) == 128 + signal.SIGTERM
+        assert still_running(nodes, within=10) == []
+    finally:  # whatever failed, nothing started here is left running
+        kill_all(harness, nodes)
 
 
 @needs_namespaces
