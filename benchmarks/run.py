@@ -263,19 +263,21 @@ def gloo_runs(
     timeout = 120 + sum(run_timeout(net, size, repeats + warmup) for size in sizes)
     deadline = time.monotonic() + timeout
     failed = []
-    for rank, (_, process) in enumerate(processes):
-        try:
-            code = process.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            failed.append(f"rank {rank} did not finish within {timeout:.0f} s")
-            continue
-        if code != 0:
-            tail = (workdir / f"gloo-{rank}.log").read_text(errors="replace").strip().splitlines()[-3:]
-            failed.append(f"rank {rank} exited with {code}: {' | '.join(tail)}")
-    for _, process in processes:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    try:
+        for rank, (_, process) in enumerate(processes):
+            try:
+                code = process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                failed.append(f"rank {rank} did not finish within {timeout:.0f} s")
+                continue
+            if code != 0:
+                tail = (workdir / f"gloo-{rank}.log").read_text(errors="replace").strip().splitlines()[-3:]
+                failed.append(f"rank {rank} exited with {code}: {' | '.join(tail)}")
+    finally:  # also when the harness is stopped meanwhile (as CcoCluster.run does)
+        for _, process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
     if failed:
         log(f"  Gloo FAILED: {'; '.join(failed)}")
         return {size: {"failed": "; ".join(failed)} for size in sizes}
