@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -31,17 +32,31 @@ def running(pid: int) -> bool:
         return False
 
 
-def still_running(pids: list[int], within: float) -> list[int]:
-    """Those of ``pids`` still running after waiting up to ``within`` seconds for all to end."""
-    deadline = time.monotonic() + within
-    while any(running(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return [pid for pid in pids if running(pid)]
-
-
-def kill_all(harness: subprocess.Popen[str], started: list[int]) -> None:
-    """SIGKILL the harness and whatever it started that still runs, then reap the harness."""
-    for pid in [harness.pid, *started]:
-        if running(pid):
-            os.kill(pid, signal.SIGKILL)
-    harness.wait()
+def sigterm_stops_everything(
+    harness: subprocess.Popen[str], at_work: Callable[[], bool], started: int
+) -> None:
+    """Once ``at_work()`` (within 60 s), SIGTERM ``harness``: it must exit with 128 +
+    SIGTERM, and the ``started`` processes it had started must all end within 10 s.
+    Whatever fails, nothing it started is left running."""
+    nodes: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not at_work():
+            assert harness.poll() is None, f"the harness exited with {harness.returncode}"
+            assert time.monotonic() < deadline, "the harness did not get to work within 60 s"
+            time.sleep(0.1)
+        nodes += children(harness.pid)
+        assert len(nodes) == started, f"{len(nodes)} processes started, not {started}: {nodes}"
+        harness.send_signal(signal.SIGTERM)
+        code = harness.wait(30)
+        assert code == 128 + signal.SIGTERM, f"the harness exited with {code}"
+        deadline = time.monotonic() + 10
+        while any(running(pid) for pid in nodes) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = [pid for pid in nodes if running(pid)]
+        assert not left, f"still running after the harness ended: {left}"
+    finally:
+        for pid in [harness.pid, *nodes]:
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
+        harness.wait()

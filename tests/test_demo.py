@@ -9,14 +9,12 @@ bounded in time, and reads what it printed and what every node logged.
 from __future__ import annotations
 
 import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from logcheck import log_problems
-from proctree import children, kill_all, still_running
+from proctree import sigterm_stops_everything
 
 ROUNDS = 3
 ENDPOINTS = 4
@@ -55,16 +53,5 @@ def test_a_demo_stopped_with_sigterm_stops_every_node_it_started(tmp_path: Path)
         demo = subprocess.Popen(
             [sys.executable, "-m", "cco.cli", "demo", *args], stdout=out, stderr=subprocess.STDOUT, text=True
         )
-    nodes: list[int] = []
-    try:
-        deadline = time.monotonic() + 60
-        while "rank 0: round 1/" not in output.read_text():  # the endpoints are at work
-            assert demo.poll() is None and time.monotonic() < deadline, output.read_text()
-            time.sleep(0.1)
-        nodes += children(demo.pid)
-        assert len(nodes) == 4, nodes  # the rendezvous, the aggregator and two endpoints
-        demo.send_signal(signal.SIGTERM)
-        assert demo.wait(30) == 128 + signal.SIGTERM
-        assert still_running(nodes, within=10) == []
-    finally:  # whatever failed, nothing started here is left running
-        kill_all(demo, nodes)
+    # the rendezvous, the aggregator and two endpoints, once the endpoints are at work
+    sigterm_stops_everything(demo, lambda: "rank 0: round 1/" in output.read_text(), started=4)

@@ -12,7 +12,6 @@ the tbf sizing and the delay/loss relay are checked everywhere.
 from __future__ import annotations
 
 import asyncio
-import signal
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import netns  # benchmarks/ is not a package: found through the path set above
 import relay
-from proctree import children, kill_all, still_running
+from proctree import sigterm_stops_everything
 
 REASON = netns.unavailable_reason()
 needs_namespaces = pytest.mark.skipif(REASON is not None, reason=f"namespace testbed unavailable: {REASON}")
@@ -127,20 +126,11 @@ def test_a_harness_stopped_with_sigterm_stops_its_loopback_nodes(tmp_path: Path)
         stderr=subprocess.DEVNULL,
         text=True,
     )
-    nodes: list[int] = []
-    try:
-        deadline = time.monotonic() + 60
-        logs = [tmp_path / f"run1-ep-{i}.log" for i in range(2)]
-        while not all(log.exists() and "round 1/" in log.read_text() for log in logs):
-            assert harness.poll() is None and time.monotonic() < deadline
-            time.sleep(0.1)
-        nodes += children(harness.pid)
-        assert len(nodes) == 4, nodes  # the rendezvous, the aggregator and two endpoints
-        harness.send_signal(signal.SIGTERM)
-        assert harness.wait(30) == 128 + signal.SIGTERM
-        assert still_running(nodes, within=10) == []
-    finally:  # whatever failed, nothing started here is left running
-        kill_all(harness, nodes)
+    logs = [tmp_path / f"run1-ep-{i}.log" for i in range(2)]
+    # the rendezvous, the aggregator and two endpoints, once the endpoints are at work
+    sigterm_stops_everything(
+        harness, lambda: all(log.exists() and "round 1/" in log.read_text() for log in logs), started=4
+    )
 
 
 @needs_namespaces
