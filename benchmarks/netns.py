@@ -53,8 +53,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
+
+from cco.localcluster import unwind_on_signals
 
 HUB_ADDRESS = "198.18.0.1"
 """Where services in the hub listen; every endpoint reaches it over its own link."""
@@ -339,22 +340,15 @@ def _tear_down_all() -> None:
         star.down()
 
 
-def _on_signal(signum: int, frame: FrameType | None) -> None:
-    # Unwind normally, so `with Star(...)` blocks and atexit both run.
-    raise SystemExit(128 + signum)
-
-
 def _install_cleanup() -> None:
-    """atexit always; SIGTERM and SIGHUP only where nobody else handles them."""
+    """atexit always; SIGTERM and SIGHUP unwind (so `with Star(...)` blocks and atexit
+    both run) where nobody else handles them."""
     global _CLEANUP_INSTALLED
     if _CLEANUP_INSTALLED:
         return
     _CLEANUP_INSTALLED = True
     atexit.register(_tear_down_all)
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        with contextlib.suppress(ValueError):  # not the main thread
-            if signal.getsignal(sig) in (signal.SIG_DFL, None):
-                signal.signal(sig, _on_signal)
+    unwind_on_signals()
 
 
 # --- a CCO cluster on a star ---------------------------------------------------------------

@@ -278,7 +278,7 @@ class LocalCluster:
         self._infra.clear()
 
     def __enter__(self) -> LocalCluster:
-        self._taken_signals = _unwind_on_signals()
+        self._taken_signals = unwind_on_signals()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -293,13 +293,14 @@ class LocalCluster:
         return [process.log for process in self._infra]
 
 
-def _unwind_on_signals() -> list[signal.Signals]:
+def unwind_on_signals() -> list[signal.Signals]:
     """Make SIGTERM and SIGHUP end this process as Ctrl-C does, by an exception that
-    unwinds through ``with LocalCluster(...)`` and so stops every node; the signals
-    taken, to give back to their default action.  Left at that default they end the
-    process at once: a demo stopped with ``kill`` left its rendezvous and aggregators
-    running.  Only signals at their default action are taken, and only on the main
-    thread (the only one Python delivers signals to)."""
+    unwinds through the ``with`` blocks in progress (``with LocalCluster(...)``, the
+    benchmarks' clusters and stars) and so stops every node they started; the
+    signals taken, which a caller may give back to their default action.  Left at
+    that default they end the process at once: a demo stopped with ``kill`` left its
+    rendezvous and aggregators running.  Only signals at their default action are
+    taken, and only on the main thread (the only one Python delivers signals to)."""
     taken: list[signal.Signals] = []
     if threading.current_thread() is not threading.main_thread():
         return taken
