@@ -1,5 +1,6 @@
-"""The endpoint ``allreduce`` workload: small inputs are hashed and drawn on the event
-loop after yielding the core, large ones on a worker thread, with the same records."""
+"""The endpoint ``allreduce`` workload: a small run draws every input before its first
+call and hashes every result after its last; a large one hashes and draws between
+calls on a worker thread.  Both keep the same records."""
 
 from __future__ import annotations
 
@@ -17,54 +18,77 @@ from cco.workload import make_input
 
 
 class SummingComm:
-    """Stands in for a Communicator of ``world`` ranks that all draw as this one does."""
+    """Stands in for a Communicator of ``world`` ranks that all draw as this one does;
+    counts its calls."""
 
     def __init__(self, rank: int, world: int) -> None:
         self.rank = rank
         self.world_size = world
+        self.calls = 0
 
     async def all_reduce(
         self, data: np.ndarray, op: ReduceOp, *, width: int | None, out: np.ndarray
     ) -> np.ndarray:
         assert op is ReduceOp.SUM
+        self.calls += 1
         np.copyto(out, data * self.world_size)
         return out
 
 
 def run_rounds(
     elements: int, rounds: int, monkeypatch: pytest.MonkeyPatch
-) -> tuple[dict[str, Any], list[str]]:
-    """The workload's summary, and which thread each round's hash and draw ran on
-    ("loop" or "worker"), with each ``sched_yield`` noted as "yield"."""
-    seen: list[str] = []
+) -> tuple[dict[str, Any], list[tuple[str, str, int]]]:
+    """The workload's summary, and each draw and hash as (what, thread, calls made
+    before it), the thread being "loop" or "worker"."""
+    seen: list[tuple[str, str, int]] = []
     loop_thread = threading.get_ident()
-    work = roles._digest_then_draw
-
-    def noting(*args: Any) -> str:
-        seen.append("loop" if threading.get_ident() == loop_thread else "worker")
-        return work(*args)
-
-    monkeypatch.setattr(roles, "_digest_then_draw", noting)
-    monkeypatch.setattr(roles.os, "sched_yield", lambda: seen.append("yield"))
     comm = SummingComm(rank=1, world=3)
+
+    def noting(what: str, work: Any) -> Any:
+        def noted(*args: Any, **kwargs: Any) -> Any:
+            thread = "loop" if threading.get_ident() == loop_thread else "worker"
+            seen.append((what, thread, comm.calls))
+            return work(*args, **kwargs)
+
+        return noted
+
+    monkeypatch.setattr(roles, "make_input", noting("draw", roles.make_input))
+    monkeypatch.setattr(roles, "_digest", noting("hash", roles._digest))
     summary = asyncio.run(roles._allreduce_rounds(comm, rounds, elements, DType.FLOAT32, None, None))  # type: ignore[arg-type]
     return summary, seen
 
 
-@pytest.mark.parametrize(
-    ("elements", "where"),
-    [
-        (2, ["yield", "loop"]),
-        (roles.INLINE_WORKLOAD_BYTES // 4, ["yield", "loop"]),
-        (roles.INLINE_WORKLOAD_BYTES // 4 + 1, ["worker"]),
-    ],
-)
-def test_small_inputs_stay_on_the_loop_after_a_yield_and_large_ones_go_to_the_worker(
-    elements: int, where: list[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    summary, seen = run_rounds(elements, 3, monkeypatch)
-    assert seen == where * 3
+def check_records(summary: dict[str, Any], elements: int, rounds: int) -> None:
+    assert [record["round"] for record in summary["rounds"]] == list(range(rounds))
     for index, record in enumerate(summary["rounds"]):
         expected = make_input(roles.WORKLOAD_SEED, index, 1, DType.FLOAT32, elements) * 3
         assert record["sha256"] == hashlib.sha256(expected.tobytes()).hexdigest()
         assert record["bytes"] == 4 * elements
+
+
+@pytest.mark.parametrize("elements", [2, roles.PREDRAWN_BYTES // 4 // 3])
+def test_a_small_run_draws_before_its_first_call_and_hashes_after_its_last(
+    elements: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    summary, seen = run_rounds(elements, 3, monkeypatch)
+    assert seen == [("draw", "loop", 0)] * 3 + [("hash", "loop", 3)] * 3
+    check_records(summary, elements, 3)
+
+
+def test_a_large_run_hashes_and_draws_between_calls_on_a_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    elements = roles.PREDRAWN_BYTES // 4 // 3 + 1  # three rounds are one element over the bound
+    summary, seen = run_rounds(elements, 3, monkeypatch)
+    assert seen == [
+        ("draw", "worker", 0),
+        ("hash", "worker", 1),
+        ("draw", "worker", 1),
+        ("hash", "worker", 2),
+        ("draw", "worker", 2),
+        ("hash", "worker", 3),
+    ]
+    check_records(summary, elements, 3)
+
+
+def test_no_rounds_draw_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    summary, seen = run_rounds(2, 0, monkeypatch)
+    assert summary["rounds"] == [] and seen == []

@@ -15,7 +15,6 @@ import gc
 import hashlib
 import json
 import logging
-import os
 import resource
 import signal
 import sys
@@ -254,25 +253,16 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-INLINE_WORKLOAD_BYTES = 1 << 16
-"""The largest input the ``allreduce`` workload hashes and draws on the event loop
-(about 0.1 ms for 64 KiB); larger ones go to a worker thread."""
-
-
-def _yield_core() -> None:
-    """Let any other runnable task of this host have this core first (``sched_yield``;
-    returns at once when none is waiting, and is skipped where the OS lacks it).
-
-    A rank whose result arrived first would otherwise hash it, draw its next input and
-    seal its next Contribution at once, and on a host whose cores the ranks share that
-    work takes the core from ranks still verifying the same round's Results: with the
-    draw done inline and no yield, an 8-byte round's p50 was 2.77 to 2.87 ms against
-    2.35 to 2.40 with the draw on a worker thread.  Yielding first keeps the inline
-    draw's saving (0.14 ms of CPU per rank and round, the thread's wake-ups and GIL
-    hand-overs) without that cost: p50 2.23 to 2.29 ms (BENCHMARKS.md)."""
-    sched_yield = getattr(os, "sched_yield", None)
-    if sched_yield is not None:
-        sched_yield()
+PREDRAWN_BYTES = 4 << 20
+"""A run of the ``allreduce`` workload whose inputs add up to at most this many bytes
+(over all its rounds) draws every input before its first call and hashes every
+result after its last: between two calls it does nothing but record the time, as the
+Gloo side of the benchmarks does nothing but refill its tensor.  Drawing and hashing
+between the calls of an 8-byte run cost each rank about a tenth of its CPU per round
+(a new random generator per round, then a hash), taken from the other ranks still
+verifying the same round on a host whose cores they share.  Inputs and results take
+twice this much memory at most; larger runs draw and hash each round on a worker
+thread, as before."""
 
 
 def _digest_then_draw(
@@ -287,6 +277,14 @@ def _digest_then_draw(
 
 def _digest(array: np.ndarray | None) -> str:
     return "" if array is None else hashlib.sha256(np.ascontiguousarray(array).data).hexdigest()
+
+
+def _predraw(rounds: int, elements: int, rank: int, dtype: DType) -> np.ndarray:
+    """Every round's input, one row per round (the draws of :func:`make_input`)."""
+    inputs = np.empty((rounds, elements), dtype=NUMPY_TYPES[dtype])
+    for index in range(rounds):
+        make_input(WORKLOAD_SEED, index, rank, dtype, elements, out=inputs[index])
+    return inputs
 
 
 async def run_endpoint(cfg: NodeConfig) -> int:
@@ -374,23 +372,30 @@ async def _allreduce_rounds(
     """Verified all-reduce rounds (float32 by default); one progress line per round on stdout.
     Under ``quorum`` each round's record also names the ranks it was over.
 
-    Between two calls the rank hashes the result, then draws the next round's input.
-    For inputs above :data:`INLINE_WORKLOAD_BYTES` that is one trip to a worker
-    thread: for 64 MiB they took 0.13 s and 0.23 s of CPU, which on a loaded machine
-    held the event loop (and so this node's heartbeats) for seconds, long enough for
-    the rendezvous to evict the rank.  Smaller inputs take tens of microseconds and
-    are done here, after :func:`_yield_core`.  Every round reuses one input and one
-    result array, as a training loop reuses its buffers (and as the Gloo side of the
-    benchmarks reuses its tensor).
+    A small run (:data:`PREDRAWN_BYTES`) draws its inputs before the first call and
+    hashes its results after the last, so that only the collectives run between
+    them.  A larger one reuses one input and one result array, as a training loop
+    reuses its buffers, and between two calls hashes the result, then draws the next
+    round's input, on a worker thread: for 64 MiB they took 0.13 s and 0.23 s of CPU,
+    which on a loaded machine held the event loop (and so this node's heartbeats) for
+    seconds, long enough for the rendezvous to evict the rank.
 
     Each record also has ``started``, the call's time on ``time.monotonic()`` (on
     Linux the system-wide CLOCK_MONOTONIC), so that the ranks' records of one host can
     be lined up: when the last rank called, and when the last one had its result.
     """
     records = []
-    data = await asyncio.to_thread(make_input, WORKLOAD_SEED, 0, comm.rank, dtype, elements)
-    out = np.empty_like(data)
+    predrawn = rounds * elements * np.dtype(NUMPY_TYPES[dtype]).itemsize <= PREDRAWN_BYTES
+    if predrawn:
+        inputs = _predraw(rounds, elements, comm.rank, dtype)
+        outputs = np.empty_like(inputs)
+        results: list[np.ndarray] = []
+    else:
+        data = await asyncio.to_thread(make_input, WORKLOAD_SEED, 0, comm.rank, dtype, elements)
+        out = np.empty_like(data)
     for round_index in range(rounds):
+        if predrawn:
+            data, out = inputs[round_index], outputs[round_index]
         started, start = time.monotonic(), time.perf_counter()
         contributors: list[int] | None = None
         if quorum is None:
@@ -401,11 +406,11 @@ async def _allreduce_rounds(
             )
             result, contributors = partial.array, sorted(partial.contributors)
         seconds = time.perf_counter() - start
-        following = round_index + 1 if round_index + 1 < rounds else None
-        if data.nbytes <= INLINE_WORKLOAD_BYTES:
-            _yield_core()
-            digest = _digest_then_draw(result, data, following, comm.rank, dtype)
+        if predrawn:
+            results.append(result)
+            digest = ""  # hashed after the last round
         else:
+            following = round_index + 1 if round_index + 1 < rounds else None
             digest = await asyncio.to_thread(_digest_then_draw, result, data, following, comm.rank, dtype)
         record: dict[str, Any] = {
             "round": round_index,
@@ -423,6 +428,9 @@ async def _allreduce_rounds(
             f"({data.nbytes / seconds / 1e6:.1f} MB/s)",
             flush=True,
         )
+    if predrawn:
+        for record, result in zip(records, results, strict=True):
+            record["sha256"] = _digest(result)
     return {
         "rank": comm.rank,
         "world_size": comm.world_size,
