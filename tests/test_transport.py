@@ -24,7 +24,7 @@ from cco.transport import LinkClosed, LocalIdentity, PeerLink, Server, Transport
 from cco.transport.certs import create_dev_pki
 from cco.transport.connection import CcoQuicConnection
 from cco.transport.handshake import negotiate
-from cco.transport.link import CONTROL_STREAM_ID, LinkProtocol
+from cco.transport.link import CONTROL_STREAM_ID, JOIN_BELOW, LinkProtocol
 from cco.transport.qh3conn import Qh3Connection
 from cco.transport.udp import BatchedUdpTransport
 from cco.wire.errors import CcoError, DecodeError, EncodeError, ErrorCode
@@ -400,6 +400,41 @@ def test_large_and_many_small_messages_round_trip(pki: Path) -> None:
                 peer.send(message)
             await peer.drain()
             assert [await link.receive() for _ in small] == small
+
+    run(test)
+
+
+def test_a_small_message_is_one_write_to_quic_and_a_large_one_two(
+    pki: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each piece queued costs a call into the QUIC stack, so a message of at most
+    JOIN_BELOW bytes goes joined to its frame prefix; a larger one goes as prefix and
+    body, never copied to join them.  Both arrive whole."""
+
+    async def test() -> None:
+        async with server(pki) as (srv, accepted):
+            link = await dial(srv, pki)
+            peer = await accepted.get()
+            quic = protocol(link)._quic
+            writes: list[int] = []
+            write = quic.send_stream_data
+
+            def counted(stream_id: int, data: bytes, end_stream: bool = False) -> None:
+                writes.append(len(data))
+                write(stream_id, data, end_stream)
+
+            monkeypatch.setattr(quic, "send_stream_data", counted)
+            for elements in (2, JOIN_BELOW // 4 - 64, JOIN_BELOW // 4 + 1):
+                message = chunk(GROUP_A, 0, elements=elements, chunks=1)
+                body = encode_message(message)
+                frame = len(encode_frame(body))
+                writes.clear()
+                link.send(message)
+                assert await peer.receive() == message
+                if len(body) <= JOIN_BELOW:
+                    assert writes == [frame]
+                else:
+                    assert writes == [frame - len(body), len(body)]
 
     run(test)
 

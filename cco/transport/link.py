@@ -85,6 +85,10 @@ CONTROL_STREAM_ID = 0
 DATA_MESSAGES = (ChunkMessage, ChunkAck, RetransmitRequest, Abort)
 """Message classes that travel on per-group data streams; all others use the control stream."""
 
+JOIN_BELOW = 16 * 1024
+"""Messages of at most this many bytes are joined to their frame prefix before they
+are queued (one write to QUIC instead of two; see :meth:`LinkProtocol.send_message`)."""
+
 _MAX_DETAIL = 1024  # Error.detail limit (cco.wire.messages)
 _MAX_REASON = 256  # bytes of detail copied into CONNECTION_CLOSE
 
@@ -273,6 +277,10 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
             raise LinkClosed(*self._close_reason)
         body = _encoded(message)
         prefix = frame_prefix(len(body), self._send_limit)
+        # A large message goes as two pieces, so that it is never copied to join its
+        # prefix; a small one as one, since each piece handed to QUIC costs a call
+        # into the stack that is dearer than copying a few KiB.
+        pieces = (prefix, body) if len(body) > JOIN_BELOW else (prefix + body,)
         if isinstance(message, DATA_MESSAGES):
             stream_id = self._outbound.get(message.group_id)
             if stream_id is None:
@@ -280,7 +288,7 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
                 self._outbound[message.group_id] = stream_id
         else:
             stream_id = CONTROL_STREAM_ID
-        self._write(stream_id, prefix, body)
+        self._write(stream_id, *pieces)
 
     def _write(self, stream_id: int, *pieces: bytes) -> None:
         """Queue ``pieces``, one after another, on the stream (a frame, or its prefix
