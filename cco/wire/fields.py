@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from enum import IntEnum
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeAlias, TypeVar
 
 from cco.wire.cbor import CborKey, CborValue
 from cco.wire.errors import CcoError, DecodeError, EncodeError, ErrorCode
@@ -40,7 +40,13 @@ def _invalid(where: str, detail: str, encoding: bool) -> CcoError:
 
 
 class UInt(FieldType[int]):
-    """An unsigned integer in ``[minimum, maximum]``."""
+    """An unsigned integer in ``[minimum, maximum]``.
+
+    ``to_cbor`` and ``from_cbor`` first try the common case, a plain ``int`` in range,
+    in one test; anything else (an ``IntEnum`` a caller passed, or an error) goes to
+    :meth:`_check`, which states the whole rule.  Most fields of a chunk message are
+    integers, so this spares a call per field on every message.
+    """
 
     def __init__(self, maximum: int = UINT64_MAX, minimum: int = 0) -> None:
         self.minimum = minimum
@@ -54,14 +60,22 @@ class UInt(FieldType[int]):
         return value
 
     def to_cbor(self, value: int, where: str) -> CborValue:
+        if type(value) is int and self.minimum <= value <= self.maximum:
+            return value
         return self._check(value, where, encoding=True)
 
     def from_cbor(self, raw: CborValue, where: str) -> int:
+        if type(raw) is int and self.minimum <= raw <= self.maximum:
+            return raw
         return self._check(raw, where, encoding=False)
 
 
 class Bytes(FieldType[bytes]):
-    """A byte string whose length lies in ``[min_len, max_len]``."""
+    """A byte string whose length lies in ``[min_len, max_len]``.
+
+    As for :class:`UInt`, a plain ``bytes`` of a valid length is accepted in one test
+    and anything else goes to :meth:`_check`.
+    """
 
     def __init__(self, max_len: int, min_len: int = 0) -> None:
         self.min_len = min_len
@@ -76,10 +90,14 @@ class Bytes(FieldType[bytes]):
             )
         return value
 
-    def to_cbor(self, value: bytes, where: str) -> CborValue:
+    def to_cbor(self, value: bytes, where: str) -> bytes:
+        if type(value) is bytes and self.min_len <= len(value) <= self.max_len:
+            return value
         return self._check(value, where, encoding=True)
 
     def from_cbor(self, raw: CborValue, where: str) -> bytes:
+        if type(raw) is bytes and self.min_len <= len(raw) <= self.max_len:
+            return raw
         return self._check(raw, where, encoding=False)
 
 
@@ -112,11 +130,17 @@ class Bitmap(Bytes):
     byte string.
     """
 
-    def _check(self, value: object, where: str, encoding: bool) -> bytes:
-        checked = super()._check(value, where, encoding)
-        if checked and checked[-1] == 0:
+    def to_cbor(self, value: bytes, where: str) -> bytes:
+        return self._without_trailing_zero(super().to_cbor(value, where), where, encoding=True)
+
+    def from_cbor(self, raw: CborValue, where: str) -> bytes:
+        return self._without_trailing_zero(super().from_cbor(raw, where), where, encoding=False)
+
+    @staticmethod
+    def _without_trailing_zero(bitmap: bytes, where: str, encoding: bool) -> bytes:
+        if bitmap and bitmap[-1] == 0:
             raise _invalid(where, "bitmap has a trailing zero byte", encoding)
-        return checked
+        return bitmap
 
 
 class Enum(FieldType[E]):
@@ -202,25 +226,31 @@ def wire(
     return dataclasses.field(default=default, metadata={"wire": spec})
 
 
+_Step: TypeAlias = tuple[str, int, FieldType[Any], bool, str]
+"""One field as the codec walks it: (attribute name, map key, kind, optional, name in errors)."""
+
+
 class _Plan:
     """A structure's fields as its codec walks them, worked out once per class: the
-    (name, key, kind, optional) of each in key order, the keys it defines, and each
-    field's name in errors of a top-level structure (built once, not on every call)."""
+    keys it defines, and its steps in key order, with each field's name in errors of
+    a top-level structure built once, not on every call."""
 
-    __slots__ = ("fields", "known", "labels")
+    __slots__ = ("known", "specs", "steps")
 
     def __init__(self, cls: type[Struct], specs: tuple[tuple[str, FieldSpec], ...]) -> None:
-        self.fields = tuple((name, spec.key, spec.kind, spec.optional) for name, spec in specs)
+        self.specs = specs
         self.known = frozenset(spec.key for _, spec in specs)
-        self.labels = self._named(cls.__name__)
+        self.steps = self._named(cls.__name__)
 
-    def labels_in(self, where: str | None) -> tuple[str, ...]:
-        """Each field's name in errors: under ``where`` for a nested structure, else the
-        top-level names built once."""
-        return self._named(where) if where else self.labels
+    def steps_in(self, where: str | None) -> tuple[_Step, ...]:
+        """The steps with each field named under ``where`` for a nested structure, else
+        the top-level steps built once."""
+        return self._named(where) if where else self.steps
 
-    def _named(self, where: str) -> tuple[str, ...]:
-        return tuple(f"{where}.{name}" for name, _, _, _ in self.fields)
+    def _named(self, where: str) -> tuple[_Step, ...]:
+        return tuple(
+            (name, spec.key, spec.kind, spec.optional, f"{where}.{name}") for name, spec in self.specs
+        )
 
 
 class Struct:
@@ -259,11 +289,10 @@ class Struct:
         return plan
 
     def to_map(self, where: str | None = None) -> dict[CborKey, CborValue]:
-        plan = self._codec_plan()
-        labels = plan.labels_in(where)
+        steps = self._codec_plan().steps_in(where)
         self.validate(where or type(self).__name__, encoding=True)
         out: dict[CborKey, CborValue] = {}
-        for (name, key, kind, optional), label in zip(plan.fields, labels, strict=True):
+        for name, key, kind, optional, label in steps:
             value = getattr(self, name)
             if value is None:
                 if not optional:
@@ -275,7 +304,7 @@ class Struct:
     @classmethod
     def from_map(cls: type[S], raw: CborValue, where: str | None = None) -> S:
         plan = cls._codec_plan()
-        labels = plan.labels_in(where)
+        steps = plan.steps_in(where)
         where = where or cls.__name__
         if not isinstance(raw, dict):
             raise DecodeError(ErrorCode.INVALID_FIELD, f"{where}: expected a map, got {type(raw).__name__}")
@@ -283,7 +312,7 @@ class Struct:
             unknown = next(key for key in raw if key not in plan.known)
             raise DecodeError(ErrorCode.UNKNOWN_FIELD, f"{where}: key {unknown!r} is not defined")
         values: dict[str, Any] = {}
-        for (name, key, kind, optional), label in zip(plan.fields, labels, strict=True):
+        for name, key, kind, optional, label in steps:
             if key in raw:
                 values[name] = kind.from_cbor(raw[key], label)
             elif optional:
