@@ -25,7 +25,13 @@ UINT64_MAX = (1 << 64) - 1
 
 
 class FieldType(Generic[T]):
-    """Converts one field between its Python value and its CBOR form."""
+    """Converts one field between its Python value and its CBOR form.
+
+    ``to_cbor`` returns only the CBOR subset's types (or a subclass of ``int``,
+    ``bytes`` or ``str`` a caller passed, which cbor2 writes as its base type),
+    integers within CBOR's range and maps in key order:
+    :func:`cco.wire.cbor.encode_in_order` relies on it for every message.
+    """
 
     def to_cbor(self, value: T, where: str) -> CborValue:
         raise NotImplementedError
@@ -49,6 +55,8 @@ class UInt(FieldType[int]):
     """
 
     def __init__(self, maximum: int = UINT64_MAX, minimum: int = 0) -> None:
+        if not 0 <= minimum <= maximum <= UINT64_MAX:
+            raise ValueError(f"[{minimum}, {maximum}] is not a range of unsigned 64-bit integers")
         self.minimum = minimum
         self.maximum = maximum
 
@@ -147,6 +155,8 @@ class Enum(FieldType[E]):
     """A registered code point from ``enum_type``; unknown values are invalid."""
 
     def __init__(self, enum_type: type[E]) -> None:
+        if not all(0 <= member <= UINT64_MAX for member in enum_type):
+            raise ValueError(f"{enum_type.__name__} has a code point that is not an unsigned 64-bit integer")
         self.enum_type = enum_type
         self._members = {int(member): member for member in enum_type}  # a lookup, not EnumType.__call__
 
@@ -219,7 +229,10 @@ def wire(
     """Declare a dataclass field with its map key; optional fields default to None.
 
     ``default`` only spares Python callers an argument: a required field is always
-    on the wire, whatever its value."""
+    on the wire, whatever its value.  Keys are unsigned, so a map written in the
+    order of its keys is in the bytewise order of their encodings."""
+    if key < 0:
+        raise ValueError(f"map key {key} is negative")
     spec = FieldSpec(key=key, kind=kind, optional=optional)
     if optional:
         return dataclasses.field(default=None, metadata={"wire": spec})
@@ -289,6 +302,9 @@ class Struct:
         return plan
 
     def to_map(self, where: str | None = None) -> dict[CborKey, CborValue]:
+        """The structure's map, after its checks: keys in ascending order (its plan is
+        sorted by key, every key unsigned), values as each kind's ``to_cbor`` returns
+        them, so in the form :func:`cco.wire.cbor.encode_in_order` takes."""
         steps = self._codec_plan().steps_in(where)
         self.validate(where or type(self).__name__, encoding=True)
         out: dict[CborKey, CborValue] = {}
@@ -315,9 +331,7 @@ class Struct:
         for name, key, kind, optional, label in steps:
             if key in raw:
                 values[name] = kind.from_cbor(raw[key], label)
-            elif optional:
-                values[name] = None
-            else:
+            elif not optional:  # an absent optional field takes its default, None (see wire)
                 raise DecodeError(ErrorCode.MISSING_FIELD, f"{label} (key {key}) is missing")
         instance = cls(**values)
         instance.validate(where, encoding=False)

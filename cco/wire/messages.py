@@ -494,8 +494,9 @@ _CLASS_BY_CODE: dict[int, type[Message]] = {int(code): cls for code, cls in MESS
 
 
 def encode_message(message: Message) -> bytes:
-    """The deterministic CBOR encoding of ``[type, body]``."""
-    return cbor.encode([int(message.TYPE), message.to_map()])
+    """The deterministic CBOR encoding of ``[type, body]``: ``to_map`` builds the body
+    in the form :func:`cbor.encode_in_order` takes, and the type is a small integer."""
+    return cbor.encode_in_order([int(message.TYPE), message.to_map()])
 
 
 def decode_message(
