@@ -13,10 +13,12 @@ wire integers), ``packing`` (integers to bytes) and ``chunking``.
 
 from __future__ import annotations
 
+import functools
 import hmac
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
+from typing import Any
 
 import numpy as np
 
@@ -87,10 +89,8 @@ class ChunkHeader:
 
     @classmethod
     def of(cls, message: ChunkMessage) -> ChunkHeader:
-        return cls(
-            **dict(zip(_IDENTITY, _identity(message), strict=True)),
-            width=message.width if message.block_elements is not None else None,
-        )
+        width = message.width if message.block_elements is not None else None
+        return _header(_identity(message), width)
 
     @property
     def element_count(self) -> int:
@@ -173,6 +173,41 @@ _identity = attrgetter(*_IDENTITY)
 """The identifying fields of a header or chunk message besides width, as a tuple
 (fast to compare)."""
 
+HEADERS_KEPT = 64
+"""Headers :func:`_header` and :func:`_checked` remember.  Every part of a chunk and
+its Result repeat the chunk's header, and a process has a few windows of chunks in
+flight at most; a header not remembered is only built and checked again."""
+
+
+@functools.lru_cache(maxsize=HEADERS_KEPT)
+def _header(identity: tuple[Any, ...], width: int | None) -> ChunkHeader:
+    """The header of the chunks whose identifying fields are ``identity``, built once
+    for all the messages of a chunk: building a frozen dataclass of 16 fields costs
+    about 4 us, as much as checking a small chunk's tag."""
+    return ChunkHeader(**dict(zip(_IDENTITY, identity, strict=True)), width=width)
+
+
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    """What the payload functions need of a header that passed :meth:`ChunkHeader.check`."""
+
+    chunk_id: bytes
+    element_count: int
+    integer_count: int
+    verifiable: bool
+
+
+@functools.lru_cache(maxsize=HEADERS_KEPT)
+def _checked(header: ChunkHeader) -> _Checked:
+    """``header`` checked, and its chunk id and counts, once per header.
+
+    The checks and the chunk id are functions of the header's fields alone, and a
+    chunk's header comes back with each of its parts (the aggregator checks it in
+    every combine) and its Result, so the work is done for the first of them only.
+    A header that fails its checks is not remembered: it raises every time."""
+    header.check()
+    return _Checked(header.chunk_id(), header.element_count, header.integer_count, OPS[header.op].verifiable)
+
 
 def _message(
     cls: type[ChunkMessage], header: ChunkHeader, ranks: bytes, width: int, payload: bytes, tag: int | None
@@ -188,14 +223,15 @@ def _message(
     return message
 
 
-def _payload(message: ChunkMessage, header: ChunkHeader) -> np.ndarray:
-    """The message's integers, after checking that width and length agree with the header."""
+def _payload(message: ChunkMessage, integer_count: int) -> np.ndarray:
+    """The message's integers, after checking that width and length agree with the
+    header's ``integer_count``."""
     if message.width not in WIDTHS:
         raise CcoError(ErrorCode.INVALID_FIELD, f"width {message.width} is not one of {WIDTHS}")
-    if len(message.payload) != header.integer_count * message.width:
+    if len(message.payload) != integer_count * message.width:
         raise CcoError(
             ErrorCode.INVALID_FIELD,
-            f"payload has {len(message.payload)} bytes, chunk needs {header.integer_count * message.width}",
+            f"payload has {len(message.payload)} bytes, chunk needs {integer_count * message.width}",
         )
     return unpack(message.payload, message.width)
 
@@ -222,24 +258,24 @@ def seal(
     is verifiable.  OVERFLOW if a tagged value leaves [-B, B] or a block-scaled one
     its width.  The tag's coefficients are kept in ``coefficients``, for verifying
     the chunk's aggregate with :func:`open_verified`."""
-    header.check()
+    checked = _checked(header)
     if not 0 <= rank < MAX_WORLD_SIZE:
         raise CcoError(ErrorCode.INVALID_FIELD, f"rank {rank} is out of range")
     if header.kind is Collective.BROADCAST and rank != header.root:
         raise CcoError(ErrorCode.INVALID_FIELD, f"only the root {header.root} seals BROADCAST data")
     values = np.asarray(values)
-    if values.dtype != np.int64 or values.shape != (header.integer_count,):
+    if values.dtype != np.int64 or values.shape != (checked.integer_count,):
         raise CcoError(
             ErrorCode.INVALID_FIELD,
-            f"a chunk is {header.integer_count} int64 values, got {values.dtype} {values.shape}",
+            f"a chunk is {checked.integer_count} int64 values, got {values.dtype} {values.shape}",
         )
     lo, hi = extremes(values)
-    verifiable = OPS[header.op].verifiable
+    verifiable = checked.verifiable
     if verifiable and (error := _range_error(lo, hi, header.width, "a value")) is not None:
         raise error
     width = header.width if header.width is not None else minimal_width(lo, hi)
     packed = narrow(values, width)
-    tag = contribution_tag(keys, header.chunk_id(), rank, packed, coefficients) if verifiable else None
+    tag = contribution_tag(keys, checked.chunk_id, rank, packed, coefficients) if verifiable else None
     return _message(cls, header, bitmap_from_ranks([rank]), width, packed.tobytes(), tag)
 
 
@@ -258,7 +294,7 @@ def combine(parts: Sequence[ChunkMessage], cls: type[ChunkMessage]) -> ChunkMess
             differ = [name for name, a, b in zip(_IDENTITY, identity, other, strict=True) if a != b]
             raise CcoError(ErrorCode.OPERATION_MISMATCH, f"chunks differ in {', '.join(differ)}")
     header = ChunkHeader.of(parts[0])
-    header.check()
+    checked = _checked(header)
     if header.width is not None and any(part.width != header.width for part in parts):
         raise CcoError(ErrorCode.OPERATION_MISMATCH, "block-scaled chunks differ in width")
     semantics = OPS[header.op]
@@ -275,7 +311,7 @@ def combine(parts: Sequence[ChunkMessage], cls: type[ChunkMessage]) -> ChunkMess
         _check_tag(part, header)
     tag = sum(part.tag for part in parts if part.tag is not None) % P if semantics.verifiable else None
 
-    arrays = [_payload(part, header) for part in parts]
+    arrays = [_payload(part, checked.integer_count) for part in parts]
     if semantics.verifiable:
         for array in arrays:
             _check_input_range(array)
@@ -298,11 +334,11 @@ def check_part(message: ChunkMessage) -> None:
     would refuse (header, contributors, tag, input range), so that the child at fault
     is the one refused."""
     header = ChunkHeader.of(message)
-    header.check()
+    checked = _checked(header)
     _contributor_bits(message)
     _check_tag(message, header)
-    if OPS[header.op].verifiable:
-        _check_input_range(_payload(message, header))
+    if checked.verifiable:
+        _check_input_range(_payload(message, checked.integer_count))
 
 
 def _contributor_bits(part: ChunkMessage) -> int:
@@ -352,14 +388,18 @@ def check_encoding(message: ChunkMessage, header: ChunkHeader | None = None) -> 
     smallest that holds them (a block-scaled chunk's width is fixed instead, and part
     of its header): a unique encoding, so equal chunks are equal bytes.
     ``INVALID_FIELD`` otherwise."""
-    return _checked_encoding(message, header or ChunkHeader.of(message))[0]
+    header = header or ChunkHeader.of(message)
+    return _checked_encoding(message, header.width is not None, header.integer_count)[0]
 
 
-def _checked_encoding(message: ChunkMessage, header: ChunkHeader) -> tuple[np.ndarray, tuple[int, int]]:
-    """:func:`check_encoding`, with the integers' (min, max) found on the way."""
-    values = _payload(message, header)
+def _checked_encoding(
+    message: ChunkMessage, scaled: bool, integer_count: int
+) -> tuple[np.ndarray, tuple[int, int]]:
+    """:func:`check_encoding` (``scaled``: of a block-scaled chunk, whose width is
+    fixed), with the integers' (min, max) found on the way."""
+    values = _payload(message, integer_count)
     lo, hi = extremes(values)
-    if header.width is None and minimal_width(lo, hi) != message.width:
+    if not scaled and minimal_width(lo, hi) != message.width:
         raise CcoError(
             ErrorCode.INVALID_FIELD, f"width {message.width} is not the smallest that holds the chunk"
         )
@@ -390,7 +430,7 @@ def open_verified(
     ``coefficients`` when :func:`seal` kept them there.
     """
     header = ChunkHeader.of(message)
-    header.check()
+    checked = _checked(header)
     ranks = ranks_from_bitmap(message.contributors)
     extra, missing = sorted(ranks - expected), sorted(expected - ranks)
     if extra or (missing and (at_least is None or len(ranks) < at_least)):
@@ -398,8 +438,8 @@ def open_verified(
         detail = f"bitmap: unexpected ranks {extra}, missing ranks {missing}{quorum}"
         raise CcoError(ErrorCode.VERIFICATION_FAILED, detail)
 
-    values, (lo, hi) = _checked_encoding(message, header)
-    verifiable = OPS[header.op].verifiable
+    values, (lo, hi) = _checked_encoding(message, header.width is not None, checked.integer_count)
+    verifiable = checked.verifiable
     if verifiable and not within_bound(lo, hi):
         bad = int(np.argmax(np.abs(values.astype(np.int64)) > RANGE_BOUND))
         raise CcoError(ErrorCode.VERIFICATION_FAILED, f"range: integer {bad} leaves [-B, B]")
@@ -409,13 +449,13 @@ def open_verified(
             raise CcoError(ErrorCode.VERIFICATION_FAILED, "tag: missing")
         if not 0 <= message.tag < P:
             raise CcoError(ErrorCode.VERIFICATION_FAILED, "tag: not an element of F_p")
-        want = expected_tag(keys, header.chunk_id(), sorted(ranks), values, coefficients)
+        want = expected_tag(keys, checked.chunk_id, sorted(ranks), values, coefficients)
         if not hmac.compare_digest(want.to_bytes(8, "big"), message.tag.to_bytes(8, "big")):
             raise CcoError(ErrorCode.VERIFICATION_FAILED, "tag: does not match the integers and contributors")
     elif message.tag is not None:
         raise CcoError(ErrorCode.INVALID_FIELD, f"{header.op.name} chunks carry no tag")
 
-    elements = header.element_count
+    elements = checked.element_count
     result = values[:elements].astype(np.int64)
     attested = values[elements:]  # empty unless block-scaled
     if len(attested):
