@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,15 +88,24 @@ def to_limbs(values: np.ndarray, element: ElementType, first: int = 0) -> np.nda
     count = limb_count(element.code)
     if element.code is DType.BFLOAT16:
         values = round_to_bfloat16(np.asarray(values, dtype=np.float32))
-    limbs = []
-    for index, x in enumerate(np.asarray(values, dtype=np.float64).tolist()):
+    listed = np.asarray(values, dtype=np.float64).tolist()
+    limbs = [0] * (count * len(listed))
+    for index, x in enumerate(listed):
         if not math.isfinite(x):
             what = "NaN" if math.isnan(x) else "infinite"
             raise CcoError(ErrorCode.OVERFLOW, f"element {first + index} is {what}")
         numerator, denominator = x.as_integer_ratio()  # denominator a power of two, at most 2^-e0
-        v = abs(numerator) << (shift - denominator.bit_length() + 1)
+        # v = |numerator| << (shift - log2(denominator)) is the significand (at most 53
+        # bits) moved up: only the two or three limbs it lands in are not zero, so they
+        # are cut from the significand alone, not from v (up to 2098 bits)
+        place, offset = divmod(shift - denominator.bit_length() + 1, LIMB_BITS)
         sign = -1 if numerator < 0 else 1
-        limbs += [sign * ((v >> (LIMB_BITS * k)) & _LIMB_MASK) for k in range(count)]
+        rest = abs(numerator) << offset
+        position = index * count + place
+        while rest:
+            limbs[position] = sign * (rest & _LIMB_MASK)
+            rest >>= LIMB_BITS
+            position += 1
     return np.array(limbs, dtype=np.int64)
 
 
@@ -110,9 +120,10 @@ def from_limbs(sums: np.ndarray, element: ElementType, divisor: int = 1) -> np.n
         raise CcoError(ErrorCode.INVALID_FIELD, f"divisor {divisor} is below 1")
     fmt = _FORMATS[element.code]
     unit = _unit_exponent(fmt)
+    shifts = range(0, LIMB_BITS * count, LIMB_BITS)
     out = []
     for index, digits in enumerate(np.asarray(sums, dtype=np.int64).reshape(-1, count).tolist()):
-        total = sum(d << (LIMB_BITS * k) for k, d in enumerate(digits))
+        total = sum(map(operator.lshift, digits, shifts))  # sum_k d_k 2^(32 k)
         value = _round_scaled(total, unit, divisor, fmt)
         if value is None:
             raise CcoError(ErrorCode.OVERFLOW, f"result element {index} does not fit {element.code.name}")
