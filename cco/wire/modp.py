@@ -26,6 +26,7 @@ compiled loop instead (:mod:`cco.wire.kernels`), which computes the same integer
 from __future__ import annotations
 
 import threading
+from operator import mul
 
 import numpy as np
 
@@ -45,6 +46,7 @@ them the dozen numpy calls of the limb path cost more than the products themselv
 
 WORD_MASK = (1 << 61) - 1
 """Keeps a 64-bit keystream word's low 61 bits: w mod 2^61, before the reduction mod p."""
+_WORD_MASK = np.uint64(WORD_MASK)
 _LOW_MASK = np.uint64((1 << 32) - 1)
 _HIGH_MASK = np.uint64((1 << 29) - 1)  # bits 32..60 of a word: u is the word mod 2^61
 _HIGH_SHIFT = np.uint64(32)
@@ -84,9 +86,9 @@ class InnerProduct:
             return
         if m > BLOCK or len(words) != m:
             raise ValueError("a block must hold at most BLOCK elements and one word per element")
-        if m <= SMALL_BLOCK:
-            pairs = zip(words.tolist(), values.tolist(), strict=True)
-            self._total = (self._total + sum((w & WORD_MASK) * y for w, y in pairs)) % P
+        if m <= SMALL_BLOCK:  # one numpy pass masks the words, then the loop runs in C
+            coefficients = np.bitwise_and(words, _WORD_MASK).tolist()
+            self._total = (self._total + sum(map(mul, coefficients, values.tolist()))) % P
             return
         compiled = kernels.compiled_sums(self._width)
         sums = None if compiled is None else kernels.run(compiled, words, values)
