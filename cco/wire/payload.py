@@ -191,6 +191,8 @@ def _header(identity: tuple[Any, ...], width: int | None) -> ChunkHeader:
 class _Checked:
     """What the payload functions need of a header that passed :meth:`ChunkHeader.check`."""
 
+    fields: dict[str, Any]
+    """The identifying fields, as keyword arguments of a chunk message."""
     chunk_id: bytes
     element_count: int
     integer_count: int
@@ -206,19 +208,19 @@ def _checked(header: ChunkHeader) -> _Checked:
     every combine) and its Result, so the work is done for the first of them only.
     A header that fails its checks is not remembered: it raises every time."""
     header.check()
-    return _Checked(header.chunk_id(), header.element_count, header.integer_count, OPS[header.op].verifiable)
+    return _Checked(
+        dict(zip(_IDENTITY, _identity(header), strict=True)),
+        header.chunk_id(),
+        header.element_count,
+        header.integer_count,
+        OPS[header.op].verifiable,
+    )
 
 
 def _message(
-    cls: type[ChunkMessage], header: ChunkHeader, ranks: bytes, width: int, payload: bytes, tag: int | None
+    cls: type[ChunkMessage], checked: _Checked, ranks: bytes, width: int, payload: bytes, tag: int | None
 ) -> ChunkMessage:
-    message = cls(
-        **dict(zip(_IDENTITY, _identity(header), strict=True)),
-        contributors=ranks,
-        width=width,
-        payload=payload,
-        tag=tag,
-    )
+    message = cls(**checked.fields, contributors=ranks, width=width, payload=payload, tag=tag)
     message.validate(cls.__name__, encoding=True)
     return message
 
@@ -276,7 +278,7 @@ def seal(
     width = header.width if header.width is not None else minimal_width(lo, hi)
     packed = narrow(values, width)
     tag = contribution_tag(keys, checked.chunk_id, rank, packed, coefficients) if verifiable else None
-    return _message(cls, header, bitmap_from_ranks([rank]), width, packed.tobytes(), tag)
+    return _message(cls, checked, bitmap_from_ranks([rank]), width, packed.tobytes(), tag)
 
 
 def combine(parts: Sequence[ChunkMessage], cls: type[ChunkMessage]) -> ChunkMessage:
@@ -325,7 +327,7 @@ def combine(parts: Sequence[ChunkMessage], cls: type[ChunkMessage]) -> ChunkMess
         raise error
     width = header.width if header.width is not None else minimal_width(lo, hi)
     ranks = seen.to_bytes((seen.bit_length() + 7) // 8, "little")
-    return _message(cls, header, ranks, width, narrow(total, width).tobytes(), tag)
+    return _message(cls, checked, ranks, width, narrow(total, width).tobytes(), tag)
 
 
 def check_part(message: ChunkMessage) -> None:
