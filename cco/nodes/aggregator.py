@@ -29,6 +29,7 @@ import hashlib
 import zlib
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from itertools import chain
 
 from cco.nodes.aggregator_states import (
     ABORT,
@@ -148,6 +149,17 @@ class _Slot:
     released: bool = False  # completed at the end of its wait, without every expected rank
     waited_longer: bool = False  # already waited once more for a silent aggregator child
     more: set[bytes] = field(default_factory=set)  # a presence pass: later parts of children that sent one
+
+    def next_timer(self, half_timeout: float) -> float:
+        """When the first of this slot's timers is due: its timeout, the end of its quorum
+        wait, or (not nudged yet) half its timeout.  One walk over a group's slots asks
+        each slot once, since the runner asks for the next deadline after every input."""
+        earliest = self.deadline
+        if self.release_at is not None and self.release_at < earliest:
+            earliest = self.release_at
+        if not self.nudged and self.opened + half_timeout < earliest:
+            earliest = self.opened + half_timeout
+        return earliest
 
 
 @dataclass(slots=True)
@@ -342,15 +354,15 @@ class AggregatorMachine:
                 times.append(self._next_heartbeat)
         if self._grace_until is not None:
             times.append(self._grace_until)
-        for queue in [*self._pending.values(), *self._unconnected.values()]:
+        for queue in chain(self._pending.values(), self._unconnected.values()):
             if queue:
                 times.append(queue[0].arrived + self.config.pending_timeout)
         for group in self._groups.values():
             if group.retry_at is not None:
                 times.append(group.retry_at)
-            times.extend(slot.deadline for slot in group.slots.values())
-            times.extend(s.release_at for s in group.slots.values() if s.release_at is not None)
-            times.extend(s.opened + group.timeout / 2 for s in group.slots.values() if not s.nudged)
+            if group.slots:
+                half_timeout = group.timeout / 2
+                times.append(min(slot.next_timer(half_timeout) for slot in group.slots.values()))
         return min(times, default=None)
 
     def handle(self, event: Input, now: float) -> list[Command]:
