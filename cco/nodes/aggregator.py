@@ -249,6 +249,14 @@ def _retype(message: ChunkMessage, cls: type[ChunkMessage]) -> ChunkMessage:
     return cls(**values)
 
 
+def _outgoing(group: _Group) -> type[PartialAggregate | Result]:
+    """What a complete aggregate travels as: up as a PartialAggregate, or at the root
+    down as the Result.  The last part is combined straight into it, so the aggregate
+    is not built a second time to change its class."""
+    assert group.assignment is not None
+    return PartialAggregate if group.assignment.parent is not None else Result
+
+
 # --- the machine ------------------------------------------------------------------
 
 
@@ -776,7 +784,9 @@ class AggregatorMachine:
                 payload.check_part(message)  # kept as it is: checked now, not when the next part comes
                 merged = message
             else:
-                merged = payload.combine([slot.aggregate, message], _UP)
+                merged = payload.combine(
+                    [slot.aggregate, message], _outgoing(group) if event == LAST_PART else _UP
+                )
         except CcoError as error:
             if not slot.fingerprints:  # the slot this part opened holds nothing: close it again
                 del group.slots[key]
@@ -884,15 +894,16 @@ class AggregatorMachine:
         return self._complete(group, key, slot)
 
     def _complete(self, group: _Group, key: SlotKey, slot: _Slot) -> list[Command]:
-        assert slot.aggregate is not None and group.assignment is not None
+        assert slot.aggregate is not None
         aggregate = slot.aggregate
         self._account(-len(aggregate.payload))
         slot.aggregate = None
         del group.slots[key]
         self._remember(group, key, slot)
-        if group.assignment.parent is not None:
-            return self._send_up(group, _retype(aggregate, PartialAggregate))
-        return self._send_down(group, _retype(aggregate, Result))
+        outgoing = _retype(aggregate, _outgoing(group))
+        if isinstance(outgoing, Result):
+            return self._send_down(group, outgoing)
+        return self._send_up(group, outgoing)
 
     def _remember(self, group: _Group, key: SlotKey, slot: _Slot) -> None:
         group.record[key] = slot
