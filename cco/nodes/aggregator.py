@@ -89,6 +89,7 @@ from cco.wire.messages import (
     Contribution,
     EpochChange,
     Error,
+    GroupParams,
     Heartbeat,
     Message,
     PartialAggregate,
@@ -249,6 +250,17 @@ def _retype(message: ChunkMessage, cls: type[ChunkMessage]) -> ChunkMessage:
     return cls(**values)
 
 
+def _layout_problem(message: ChunkMessage, params: GroupParams) -> str | None:
+    """How the chunk is cut otherwise than the group's parameters say, if it is."""
+    if message.chunk_elements != params.chunk_elements:
+        name, value, wanted = "chunk_elements", message.chunk_elements, params.chunk_elements
+    elif message.block_elements is not None and message.block_elements != params.block_elements:
+        name, value, wanted = "block_elements", message.block_elements, params.block_elements
+    else:
+        return None
+    return f"{name} {value} differs from the group's {wanted}"
+
+
 def _outgoing(group: _Group) -> type[PartialAggregate | Result]:
     """What a complete aggregate travels as: up as a PartialAggregate, or at the root
     down as the Result.  The last part is combined straight into it, so the aggregate
@@ -376,15 +388,15 @@ class AggregatorMachine:
     def handle(self, event: Input, now: float) -> list[Command]:
         """Process one input; never raises for anything a peer can send."""
         self._now = now
-        if isinstance(event, PeerConnected):
-            return self._on_connected(event, now)
-        if isinstance(event, PeerDisconnected):
-            return self._on_disconnected(event.peer, event.code, now)
-        if isinstance(event, MessageReceived):
+        if isinstance(event, MessageReceived):  # first: nearly every input is one
             if event.peer == self._rendezvous:
                 self._last_heard = now
                 return self._on_rendezvous_message(event.message, now)
             return self._on_data_message(event.peer, event.message, now)
+        if isinstance(event, PeerConnected):
+            return self._on_connected(event, now)
+        if isinstance(event, PeerDisconnected):
+            return self._on_disconnected(event.peer, event.code, now)
         if isinstance(event, MessageMalformed):  # a connection error: report it, close, forget the peer
             code, detail = event.error.code, clip(event.error.detail)
             closing: list[Command] = [
@@ -641,7 +653,7 @@ class AggregatorMachine:
 
     def _on_data_message(self, peer: PeerId, message: Message, now: float) -> list[Command]:
         info = self._peers.get(peer)
-        if isinstance(message, Heartbeat | Error | ChunkAck):
+        if isinstance(message, _REPORTS):
             return []  # liveness and reports need no answer; a Result is the acknowledgement
         if info is None:
             return [refuse(peer, message, ErrorCode.UNAUTHORIZED, "peer is not identified")]
@@ -706,14 +718,9 @@ class AggregatorMachine:
         if isinstance(message, BroadcastData):
             return self._on_broadcast_up(group, peer, message)
         assert group.assignment is not None
-        params = group.assignment.params
-        for name, value, wanted in (
-            ("chunk_elements", message.chunk_elements, params.chunk_elements),
-            ("block_elements", message.block_elements, params.block_elements),
-        ):
-            if value is not None and value != wanted:
-                detail = f"{name} {value} differs from the group's {wanted}"
-                return [refuse(peer, message, ErrorCode.OPERATION_MISMATCH, detail)]
+        problem = _layout_problem(message, group.assignment.params)
+        if problem is not None:
+            return [refuse(peer, message, ErrorCode.OPERATION_MISMATCH, problem)]
         return self._on_part(group, peer, info.node_id, message, contributors, now)
 
     def _on_broadcast_up(self, group: _Group, peer: PeerId, message: BroadcastData) -> list[Command]:
@@ -1265,6 +1272,7 @@ class AggregatorMachine:
 _UP = PartialAggregate
 _UP_TYPES = (Contribution, PartialAggregate, BroadcastData, Abort)
 _DOWN = (Result, BroadcastData, Abort, RetransmitRequest)
+_REPORTS = (Heartbeat, Error, ChunkAck)  # a tuple, not a union that every data message would build again
 
 
 def _payload_size(message: Message) -> int:
