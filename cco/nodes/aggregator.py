@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import marshal
 import zlib
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -203,16 +204,24 @@ class _Peer:
     role: Role
 
 
+_MARSHAL_VERSION = 2  # the last version without references: see fingerprint
+
+
 def fingerprint(message: ChunkMessage) -> bytes:
     """A short digest of everything a chunk says, to recognise a copy of it.
 
     Kept instead of the chunk itself, so recognising a retransmission costs 16 or
     20 bytes per child and slot rather than a copy of the data.  The header goes
-    through BLAKE2b.  A tagged chunk's header holds its tag, a MAC of the payload
-    and contributors: another payload under the same header and tag comes only from
-    a sender that forges the MAC, and it gains nothing, since a chunk taken for a
-    copy is not combined either; the sender only misses its DUPLICATE_CONTRIBUTION
-    (draft section "Aggregator Processing").  So the payload itself is hashed, with
+    through BLAKE2b, serialised by :mod:`marshal`: its fields are integers, bytes
+    and None, which marshal writes with their type and length, so two headers
+    serialise alike only if they are equal, at a fifth of the cost of ``repr``.
+    Format version 2, because later versions write an object met twice in one call
+    as a reference to it, by identity, so two equal headers could serialise apart.
+    A tagged chunk's header holds its tag, a MAC of the payload and contributors:
+    another payload under the same header and tag comes only from a sender that
+    forges the MAC, and it gains nothing, since a chunk taken for a copy is not
+    combined either; the sender only misses its DUPLICATE_CONTRIBUTION (draft
+    section "Aggregator Processing").  So the payload itself is hashed, with
     CRC-32, only for untagged chunks (MIN, MAX and the bitwise ops).  Hashing every
     payload took 5% of an aggregator's CPU in a 64 MiB all-reduce (BLAKE2b before
     it, a sixth).
@@ -236,7 +245,7 @@ def fingerprint(message: ChunkMessage) -> bytes:
         message.block_elements,
         len(message.payload),
     )
-    digest = hashlib.blake2b(repr(header).encode(), digest_size=16).digest()
+    digest = hashlib.blake2b(marshal.dumps(header, _MARSHAL_VERSION), digest_size=16).digest()
     if message.tag is not None:
         return digest
     return digest + zlib.crc32(message.payload).to_bytes(4, "big")
