@@ -30,9 +30,9 @@ from cco.nodes.events import (
     SendMessage,
 )
 from cco.services.runner import MachineRunner
-from cco.transport.link import LinkClosed
+from cco.transport.link import LinkClosed, Listener
 from cco.wire.errors import ErrorCode
-from cco.wire.messages import Heartbeat, Message
+from cco.wire.messages import Address, Heartbeat, Message
 from cco.wire.registries import Role
 
 
@@ -44,18 +44,25 @@ class FakeLink:
     capabilities = None
 
     def __init__(self, log: list[tuple[FakeLink, str]] | None = None) -> None:
-        self.inbox: asyncio.Queue[Message | LinkClosed] = asyncio.Queue()
+        self.listener: Listener | None = None
         self.sent: list[Message] = []
         self.log = log if log is not None else []  # (link, "send" or "flush"), in call order
         self.closed: tuple[ErrorCode, str] | None = None
         self.terminated = False
         self.on_terminated: list[Callable[[], None]] = []
 
-    async def receive(self) -> Message:
-        item = await self.inbox.get()
-        if isinstance(item, LinkClosed):
-            raise item
-        return item
+    def listen(self, listener: Listener) -> None:
+        self.listener = listener
+
+    def arrive(self, message: Message) -> None:
+        """A message decoded: handed over at once, as a real link does."""
+        assert self.listener is not None
+        self.listener.deliver(message)
+
+    def end(self, code: ErrorCode, detail: str) -> None:
+        """The link closed: reported on the loop's next turn, as a real link does."""
+        assert self.listener is not None
+        asyncio.get_running_loop().call_soon(self.listener.closed, code, detail)
 
     def send(self, message: Message) -> None:
         if self.closed is not None:
@@ -114,8 +121,8 @@ def test_a_message_for_a_link_closed_meanwhile_is_dropped(caplog: pytest.LogCapt
         runner = MachineRunner(machine, no_dialling)  # type: ignore[arg-type]
         link = FakeLink()
         peer = runner.attach(link)  # type: ignore[arg-type]
-        link.inbox.put_nowait(Heartbeat(seq=7))
-        link.inbox.put_nowait(LinkClosed(ErrorCode.NO_ERROR, "done"))
+        link.arrive(Heartbeat(seq=7))
+        link.end(ErrorCode.NO_ERROR, "done")
         for _ in range(100):
             if any(isinstance(event, PeerDisconnected) for event in machine.seen):
                 break
@@ -125,7 +132,7 @@ def test_a_message_for_a_link_closed_meanwhile_is_dropped(caplog: pytest.LogCapt
             "PeerConnected",
             "MessageReceived",
             "PeerDisconnected",
-        ], "the link's task lived on to report the disconnection"
+        ], "the link's listener lived on to report the disconnection"
         assert machine.seen[-1] == PeerDisconnected(peer=peer, code=ErrorCode.NO_ERROR, detail="done")
         link.terminate()
         await runner.close()
@@ -142,8 +149,8 @@ def test_close_waits_for_a_link_closed_earlier_until_its_connection_ends() -> No
         link, other = FakeLink(), FakeLink()
         runner.attach(link)  # type: ignore[arg-type]
         runner.attach(other)  # type: ignore[arg-type]
-        link.inbox.put_nowait(Heartbeat(seq=7))  # the machine closes this link
-        link.inbox.put_nowait(LinkClosed(ErrorCode.NO_ERROR, "done"))
+        link.arrive(Heartbeat(seq=7))  # the machine closes this link
+        link.end(ErrorCode.NO_ERROR, "done")
         for _ in range(100):
             if any(isinstance(event, PeerDisconnected) for event in machine.seen):
                 break
@@ -164,7 +171,7 @@ def test_a_link_that_ended_is_not_kept_for_close() -> None:
         runner = MachineRunner(machine, lambda command: None)  # type: ignore[arg-type,return-value]
         link = FakeLink()
         runner.attach(link)  # type: ignore[arg-type]
-        link.inbox.put_nowait(LinkClosed(ErrorCode.PEER_LOST, "gone"))
+        link.end(ErrorCode.PEER_LOST, "gone")
         for _ in range(100):
             if any(isinstance(event, PeerDisconnected) for event in machine.seen):
                 break
@@ -217,22 +224,47 @@ def test_what_one_input_sends_is_flushed_once_per_link_before_the_loop_runs_agai
     asyncio.run(asyncio.wait_for(scenario(), 10))
 
 
+class DialOnMessage:
+    """On each message: dial a peer (whose connection the test's connector refuses)."""
+
+    def __init__(self) -> None:
+        self.seen: list[Input] = []
+
+    def handle(self, event: Input, now: float) -> list[Command]:
+        self.seen.append(event)
+        if isinstance(event, MessageReceived):
+            return [
+                ConnectTo(peer="dialled", address=Address(host="127.0.0.1", port=9), expected_node_id="x")
+            ]
+        return []
+
+    def next_deadline(self) -> float | None:
+        return None
+
+
 @pytest.mark.timeout(20)
-def test_close_returns_when_a_pump_ended_just_before_it() -> None:
-    """A pump task that ended in the loop turn close() starts in still has its done
-    callback queued.  From Python 3.12 on, gather() over tasks that have all ended
-    returns without yielding, so a close() that waited for that callback to drop the
-    task spun forever (an endpoint of profile_round.py did, at 100% of a core, after
-    its last round); under 3.11 gather yields and this passes either way."""
+def test_close_returns_when_a_task_ended_just_before_it() -> None:
+    """A runner task (here, a dial refused at once) that ended in the loop turn
+    close() starts in still has its done callback queued.  From Python 3.12 on,
+    gather() over tasks that have all ended returns without yielding, so a close()
+    that waited for that callback to drop the task spun forever (an endpoint of
+    profile_round.py did, at 100% of a core, after its last round); under 3.11
+    gather yields and this passes either way."""
+
+    def refused(command: ConnectTo) -> asyncio.Future[object]:
+        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        future.set_exception(OSError("refused"))
+        return future
 
     async def scenario() -> None:
-        runner = MachineRunner(CloseThenAnswer(), lambda command: None)  # type: ignore[arg-type,return-value]
+        machine = DialOnMessage()
+        runner = MachineRunner(machine, refused)  # type: ignore[arg-type]
         link = FakeLink()
         link.terminated = True
-        runner.attach(link)  # type: ignore[arg-type]
-        await asyncio.sleep(0)  # the pump now waits in receive()
-        link.inbox.put_nowait(LinkClosed(ErrorCode.PEER_LOST, "gone"))
-        await asyncio.sleep(0)  # the pump ends in this turn, ahead of this task
+        peer = runner.attach(link)  # type: ignore[arg-type]
+        runner.dispatch(MessageReceived(peer=peer, message=Heartbeat(seq=1)))  # the dial's task is queued
+        await asyncio.sleep(0)  # it runs to its end in this turn, ahead of this task
+        assert isinstance(machine.seen[-1], PeerDisconnected) and machine.seen[-1].peer == "dialled"
         await runner.close()
         assert runner.closed.is_set()
 

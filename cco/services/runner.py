@@ -39,7 +39,7 @@ from cco.nodes.events import (
 from cco.transport.link import LinkClosed, PeerLink
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import ranks_from_bitmap
-from cco.wire.messages import EpochChange, TreeAssignment
+from cco.wire.messages import EpochChange, Message, TreeAssignment
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,30 @@ def describe_membership(message: TreeAssignment | EpochChange) -> str:
     )
 
 
+class _LinkListener:
+    """Hands one link's messages to the runner's machine as the link decodes them.
+
+    Each message is dispatched in the callback that read its datagram, without
+    flushing: what the machine sends in answer leaves after the batch being read
+    (see :meth:`MachineRunner.execute_all`)."""
+
+    __slots__ = ("_link", "_peer", "_runner")
+
+    def __init__(self, runner: MachineRunner, peer: PeerId, link: PeerLink) -> None:
+        self._runner = runner
+        self._peer = peer
+        self._link = link
+
+    def deliver(self, item: Message | CcoError) -> None:
+        if isinstance(item, CcoError):
+            self._runner.dispatch(MessageMalformed(peer=self._peer, error=item), flush=False)
+        else:
+            self._runner.dispatch(MessageReceived(peer=self._peer, message=item), flush=False)
+
+    def closed(self, code: ErrorCode, detail: str) -> None:
+        self._runner._link_closed(self._peer, self._link, code, detail)
+
+
 class MachineRunner:
     """Feeds a machine its inputs and executes its commands."""
 
@@ -94,8 +118,9 @@ class MachineRunner:
 
     # --- inputs --------------------------------------------------------------------
 
-    def dispatch(self, event: Input) -> None:
-        """Hand one input to the machine and carry out what it asks for."""
+    def dispatch(self, event: Input, flush: bool = True) -> None:
+        """Hand one input to the machine and carry out what it asks for (see
+        :meth:`execute_all` for ``flush``)."""
         if self._closing:
             return  # a closing node neither decides nor sends anything more
         if isinstance(event, MessageReceived) and isinstance(event.message, (TreeAssignment, EpochChange)):
@@ -105,29 +130,36 @@ class MachineRunner:
         except CcoError as exc:  # the machines refuse local misuse this way
             log.error("machine refused %s: %s", type(event).__name__, exc)
             return
-        self.execute_all(commands)
+        self.execute_all(commands, flush)
 
-    def execute_all(self, commands: list[Command]) -> None:
+    def execute_all(self, commands: list[Command], flush: bool = True) -> None:
         """Carry out commands the machine returned (from handle() or a local API call).
 
-        What they queue on links leaves before this returns: each link it sent on is
-        flushed once, after every command.  A transmit left to the event loop's next
-        turn ran after the loop had read the next batch of datagrams (up to 64, 1 MiB
-        at 16000 bytes each), so an aggregator's Results waited while it decrypted
-        and combined the next chunks, and the endpoints waiting for them left a core
-        idle: 13% of both cores in a 64 MiB all-reduce on loopback, 2 to 4% with the
-        flush."""
+        With ``flush``, what they queue on links leaves before this returns: each
+        link it sent on is flushed once, after every command.  A transmit left to
+        the event loop's next turn once ran after the loop had read the next batch
+        of datagrams (up to 64, 1 MiB at 16000 bytes each), so an aggregator's
+        Results waited while it decrypted and combined the next chunks, and the
+        endpoints waiting for them left a core idle: 13% of both cores in a 64 MiB
+        all-reduce on loopback, 2 to 4% with the flush.
+
+        Without ``flush`` (inputs handed over while a batch of datagrams is being
+        read, see :class:`_LinkListener`), the links transmit once that batch is
+        read, on the loop's next turn, which comes before the next batch: sending in
+        the middle of a batch made an aggregator's Results leave in bursts that
+        overflowed shaped links (BENCHMARKS.md)."""
         sent: dict[PeerLink, None] = {}  # in sending order, each once
         for command in commands:
             link = self._execute(command)
             if link is not None:
                 sent[link] = None
-        for link in sent:
-            link.flush()
+        if flush:
+            for link in sent:
+                link.flush()
         self._arm_timer()
 
     def attach(self, link: PeerLink, peer: PeerId | None = None) -> PeerId:
-        """Adopt an authenticated link: report it, then pump its messages."""
+        """Adopt an authenticated link: report it, then listen to its messages."""
         if peer is None:
             self._next_inbound += 1
             peer = f"in-{self._next_inbound}-{link.node_id}"
@@ -135,27 +167,14 @@ class MachineRunner:
         self.dispatch(
             PeerConnected(peer=peer, node_id=link.node_id, role=link.role, capabilities=link.capabilities)
         )
-        self._spawn(self._pump(peer, link))
+        link.listen(_LinkListener(self, peer, link))
         return peer
 
-    async def _pump(self, peer: PeerId, link: PeerLink) -> None:
-        code, detail = ErrorCode.NO_ERROR, ""
-        try:
-            while True:
-                try:
-                    message = await link.receive()
-                except CcoError as exc:
-                    if isinstance(exc, LinkClosed):
-                        code, detail = exc.code, exc.detail
-                        break
-                    self.dispatch(MessageMalformed(peer=peer, error=exc))
-                    continue
-                self.dispatch(MessageReceived(peer=peer, message=message))
-        finally:
-            if self._links.get(peer) is link:
-                del self._links[peer]
-                self._depart(link)
-                self.dispatch(PeerDisconnected(peer=peer, code=code, detail=detail))
+    def _link_closed(self, peer: PeerId, link: PeerLink, code: ErrorCode, detail: str) -> None:
+        if self._links.get(peer) is link:
+            del self._links[peer]
+            self._depart(link)
+            self.dispatch(PeerDisconnected(peer=peer, code=code, detail=detail))
 
     def _depart(self, link: PeerLink) -> None:
         """Keep a closed link until its connection has terminated, so that
@@ -261,7 +280,7 @@ class MachineRunner:
             await asyncio.gather(*tasks, return_exceptions=True)
             # Since Python 3.12 gather returns without yielding to the loop when every
             # task had already ended, before their done callbacks (which discard them)
-            # have run: without this, a pump that ended just before close() kept the
+            # have run: without this, a task that ended just before close() kept the
             # loop spinning here, deaf even to SIGTERM.
             self._tasks.difference_update(tasks)
         closing = [asyncio.wait_for(link.wait_closed(), CLOSE_WAIT) for link in {*links, *self._departing}]

@@ -51,7 +51,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
-from typing import cast
+from typing import Protocol, cast
 
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.quic import events
@@ -95,6 +95,17 @@ _MAX_REASON = 256  # bytes of detail copied into CONNECTION_CLOSE
 
 class LinkClosed(CcoError):
     """The link is closed; ``code`` and ``detail`` say why (as in ``wait_closed()``)."""
+
+
+class Listener(Protocol):
+    """Who takes a link's messages as they arrive (:meth:`PeerLink.listen`)."""
+
+    def deliver(self, item: Message | CcoError) -> None:
+        """One message, or the DecodeError of one that could not be decoded (with
+        ``close_on_decode_error`` off)."""
+
+    def closed(self, code: ErrorCode, detail: str) -> None:
+        """The link closed, after every message that arrived before the close."""
 
 
 def describe_termination(event: events.ConnectionTerminated) -> tuple[ErrorCode, str]:
@@ -193,6 +204,8 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         self._inbox: deque[tuple[Message | CcoError, int]] = deque()
         self._inbox_bytes = 0
         self._readable = asyncio.Event()
+        self._listener: Listener | None = None
+        self._close_heard = False  # the listener was told of the close
         self._drainers: list[asyncio.Future[None]] = []
         self._transmit_handle: asyncio.Handle | None = None
         self._close_reason: tuple[ErrorCode, str] | None = None
@@ -321,12 +334,7 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
     async def receive(self) -> Message:
         while True:
             if self._inbox:
-                item, size = self._inbox.popleft()
-                self._inbox_bytes -= size
-                credit = self._cco.credit
-                if credit.frozen and self._inbox_bytes <= self._config.receive_buffer // 2:
-                    credit.frozen = False
-                    self._loop.call_soon(self._thaw)
+                item = self._take()
                 if isinstance(item, CcoError):
                     raise item
                 return item
@@ -335,6 +343,38 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
             self._readable.clear()
             await self._readable.wait()
 
+    def _take(self) -> Message | CcoError:
+        """The oldest queued item; reading below half the receive buffer thaws credit."""
+        item, size = self._inbox.popleft()
+        self._inbox_bytes -= size
+        credit = self._cco.credit
+        if credit.frozen and self._inbox_bytes <= self._config.receive_buffer // 2:
+            credit.frozen = False
+            self._loop.call_soon(self._thaw)
+        return item
+
+    def listen(self, listener: Listener) -> None:
+        """Hand every message to ``listener`` as soon as it is decoded, instead of
+        queueing it for :meth:`receive` (which must not be used afterwards).
+
+        A message then reaches its reader in the event-loop callback that read its
+        datagram, not one turn later through a task woken for it: for a node that
+        handles each message at once, as a machine runner does, that turn cost each
+        message an Event, a Future and a task step.  Messages queued before are handed
+        over first, in order, on the loop's next turn; the close comes last, once."""
+        self._listener = listener
+        if self._inbox or self._close_reason is not None:
+            self._loop.call_soon(self._hand_over)
+
+    def _hand_over(self) -> None:
+        """Hand the listener what is queued, then the close if the link has closed."""
+        assert self._listener is not None
+        while self._inbox:
+            self._listener.deliver(self._take())
+        if self._close_reason is not None and not self._close_heard:
+            self._close_heard = True
+            self._listener.closed(*self._close_reason)
+
     def _thaw(self) -> None:
         """After unfreezing: take the events a backend held back (qh3 does), send the credit."""
         if self._close_reason is None:
@@ -342,6 +382,9 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         self._schedule_transmit()
 
     def _enqueue(self, item: Message | CcoError, size: int) -> None:
+        if self._listener is not None and not self._inbox:
+            self._listener.deliver(item)
+            return
         self._inbox.append((item, size))
         self._inbox_bytes += size
         if self._inbox_bytes > self._config.receive_buffer:
@@ -400,6 +443,8 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         if not self.opened.done():
             self.opened.set_exception(LinkClosed(code, detail))
         self._readable.set()
+        if self._listener is not None:
+            self._loop.call_soon(self._hand_over)  # never from inside the listener's own call
         self._wake_drainers()
 
     # --- QUIC side ----------------------------------------------------------------
@@ -645,6 +690,13 @@ class PeerLink:
         may send nothing more on this connection, control messages included.
         """
         return await self._protocol.receive()
+
+    def listen(self, listener: Listener) -> None:
+        """Have every message handed to ``listener`` in the event-loop callback that
+        decoded it, then the close; :meth:`receive` must not be used afterwards.
+        What ``listener`` does there runs before the rest of the datagrams read in
+        the same batch are decoded, and should not block."""
+        self._protocol.listen(listener)
 
     def __aiter__(self) -> AsyncIterator[Message]:
         return self._messages()
