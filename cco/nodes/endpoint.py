@@ -187,6 +187,11 @@ _NUMPY_DTYPES: dict[np.dtype[np.generic], DType] = {
 }
 
 
+def _earlier(earliest: float | None, time: float) -> float:
+    """The earlier of a running minimum (None: nothing yet) and ``time``."""
+    return time if earliest is None or time < earliest else earliest
+
+
 # --- the machine ------------------------------------------------------------------
 
 
@@ -353,8 +358,9 @@ class EndpointMachine:
         so that every rank's op_id sequence stays aligned.
         """
         if prepared is None or prepared.request is not request or prepared.params != self._params:
-            prepared = self.prepare(request)
-        self._check_startable()
+            prepared = self.prepare(request)  # which checks that the session can start
+        else:
+            self._check_startable()
         if len(self._members) < self._world_size and request.kind in (
             Collective.ALL_GATHER,
             Collective.REDUCE_SCATTER,
@@ -464,18 +470,20 @@ class EndpointMachine:
     # --- driving --------------------------------------------------------------
 
     def next_deadline(self) -> float | None:
-        times = [op.deadline for op in self._ops.values()]
-        times += [
-            min(op.outstanding.values()) + op.timeout / 2 for op in self._ops.values() if op.outstanding
-        ]
+        """The earliest timer: an operation's deadline or resend time, the heartbeat or
+        the rendezvous's silence, the parent's redial, the detached link's grace.  The
+        I/O layer asks after every input, so this is one pass that builds no lists."""
+        earliest = self._retry_at
         if self._rendezvous is not None and self._next_heartbeat is not None and self._params is not None:
-            times.append(self._next_heartbeat)
-            times.append(self._last_heard + 3 * self._heartbeat_interval)
-        if self._retry_at is not None:
-            times.append(self._retry_at)
+            earliest = _earlier(earliest, self._next_heartbeat)
+            earliest = _earlier(earliest, self._last_heard + 3 * self._heartbeat_interval)
         if self._detached_at is not None:
-            times.append(self._detached_at + self.config.rendezvous_grace)
-        return min(times, default=None)
+            earliest = _earlier(earliest, self._detached_at + self.config.rendezvous_grace)
+        for op in self._ops.values():
+            earliest = _earlier(earliest, op.deadline)
+            if op.outstanding:
+                earliest = _earlier(earliest, min(op.outstanding.values()) + op.timeout / 2)
+        return earliest
 
     def handle(self, event: Input, now: float) -> list[Command]:
         """Process one input; never raises for anything a peer can send."""
@@ -505,9 +513,10 @@ class EndpointMachine:
 
     def _session_event(self, event: str) -> bool:
         """Move the session if ``event`` is legal now; False means refuse it."""
-        if not SESSION_TABLE.allows(self._state, event):
+        moved = SESSION_TABLE.after(self._state, event)
+        if moved is None:
             return False
-        self._state = SESSION_TABLE.next(self._state, event)
+        self._state = moved
         return True
 
     def _on_connected(self, event: PeerConnected, now: float) -> list[Command]:
@@ -807,6 +816,7 @@ class EndpointMachine:
             )
         op.epoch = message.epoch
         op.verified[index] = digest(message)
+        del op.headers[index]  # built by _check_header, if not already by _seal
         self._progress(op, now)
         op.decode(index, values)
         if index in op.outstanding:
@@ -875,7 +885,7 @@ class EndpointMachine:
                 self._release(op, LAST_CHUNK)
                 data = self._ops.get(op.feeds)
                 if data is not None and data.scaling is not None:
-                    data.scaling.agreed = op.result
+                    data.agree(op.result)
                 return []
             result = op.shaped_result()
         self._op_event(op, LAST_CHUNK)
@@ -1117,7 +1127,7 @@ class EndpointMachine:
         self._outstanding -= len(op.outstanding)
         op.forget_progress()
         if op.scaling is not None and op.scaling.agreed is not None:
-            op.scaling.agreed = None
+            op.agree(None)
             agreement = scale_pass(op.op_id - 1, op)
             if op.listed is not None:
                 agreement.decide(op.listed, op.presence)

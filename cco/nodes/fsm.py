@@ -46,6 +46,12 @@ class TransitionTable(Generic[S]):
     def allows(self, state: S, event: str) -> bool:
         return event in self.table.get(state, {})
 
+    def after(self, state: S, event: str) -> S | None:
+        """The state after ``event`` in ``state``, or None for an illegal pair: what
+        :meth:`allows` then :meth:`next` give, in one lookup (machines ask it per input)."""
+        moves = self.table.get(state)
+        return None if moves is None else moves.get(event)
+
     def next(self, state: S, event: str) -> S:
         """The state after ``event`` in ``state``; refuses an illegal pair."""
         try:

@@ -124,11 +124,16 @@ class Operation:
     presence: Operation | None = None  # the completed presence pass that decided them
     out: np.ndarray | None = None  # the caller's array for the result (checked at start)
     checked_first: np.ndarray | None = None  # chunk 0's wire integers from check_encodes, until sealed
+    headers: dict[int, payload.ChunkHeader] = field(default_factory=dict)
+    """Chunk index -> its header as header() built it, so that sealing a chunk and
+    checking its result build it once; forgotten when what it depends on changes (the
+    size, the decided members, the agreed scales, the tree) and once it is verified."""
 
     def size(self, total: int, chunk_elements: int, members: frozenset[int]) -> None:
         self.total = total
         self.chunk_elements = chunk_elements
         self.chunks = chunk_count(total, chunk_elements)
+        self.headers.clear()
         if not self.members:
             self.members = members
 
@@ -136,11 +141,18 @@ class Operation:
         """Its presence pass decided the members: run over exactly those; a rank that
         is not one of them only receives the result."""
         self.members = self.listed = members
+        self.headers.clear()
         self.presence = presence
         self.gated = False
         if self.rank not in members:
             self.source = None
             self.placed = range(0)
+
+    def agree(self, scales: np.ndarray | None) -> None:
+        """Set the agreed scales (its scale pass's result; None to agree again)."""
+        assert self.scaling is not None
+        self.scaling.agreed = scales
+        self.headers.clear()
 
     @property
     def receives(self) -> bool:
@@ -150,7 +162,15 @@ class Operation:
         )
 
     def header(self, group_id: bytes, index: int, epoch: int) -> payload.ChunkHeader:
-        """The identifying fields of chunk ``index`` in ``epoch``."""
+        """The identifying fields of chunk ``index`` in ``epoch`` (built once per epoch)."""
+        kept = self.headers.get(index)
+        if kept is not None and kept.epoch == epoch and kept.group_id == group_id:
+            return kept
+        header = self._header(group_id, index, epoch)
+        self.headers[index] = header
+        return header
+
+    def _header(self, group_id: bytes, index: int, epoch: int) -> payload.ChunkHeader:
         header = payload.ChunkHeader(
             group_id=group_id,
             epoch=epoch,
@@ -281,20 +301,24 @@ class Operation:
 
     def _sum_limbs(self, index: int, values: np.ndarray) -> None:
         """Keep chunk ``index``'s limb sums; once every position is in, round them
-        (a chunk may end inside an element's limbs, so no chunk decodes alone)."""
-        if self.sums is None:
-            self.sums = np.zeros(self.total, dtype=np.int64)
-        start = index * self.chunk_elements
-        self.sums[start : start + values.size] = values
-        self.summed += values.size
-        if self.summed < self.total:
-            return
+        (a chunk may end inside an element's limbs, so no chunk decodes alone).  A
+        one-chunk operation (the usual small all-reduce) rounds its chunk as it is."""
+        if values.size == self.total:
+            sums = values
+        else:
+            if self.sums is None:
+                self.sums = np.zeros(self.total, dtype=np.int64)
+            start = index * self.chunk_elements
+            self.sums[start : start + values.size] = values
+            self.summed += values.size
+            if self.summed < self.total:
+                return
+            sums, self.sums = self.sums, None
         contributors = len(self.members)
         try:
-            self.result = decode_values(self.sums, self.dtype, self.kind, self.op, contributors, exact=True)
+            self.result = decode_values(sums, self.dtype, self.kind, self.op, contributors, exact=True)
         except CcoError as error:
             self.decode_error = error
-        self.sums = None
 
     def shaped_result(self) -> np.ndarray:
         """The decoded result in the shape the caller expects: ``out`` when the caller
@@ -323,6 +347,7 @@ class Operation:
         self.outstanding.clear()
         self.next_chunk = 0
         self.verified.clear()
+        self.headers.clear()
         self.result = self.decode_error = self.epoch = self.sums = None
         self.summed = 0
         self.members = self.listed if self.listed is not None else frozenset()
