@@ -807,6 +807,7 @@ class EndpointMachine:
         try:
             if index in op.verified:
                 self._check_copy(op, message)
+                del op.headers[index]  # built again by _check_header: verified chunks keep none
                 self._op_event(op, DUPLICATE)
                 return []
             values = self._verify(op, message)
