@@ -1,6 +1,7 @@
 """The endpoint ``allreduce`` workload: a small run draws every input before its first
-call and hashes every result after its last; a large one hashes and draws between
-calls on a worker thread.  Both keep the same records."""
+call and hashes every result after its last, and only yields the core between calls;
+a large one hashes and draws between calls on a worker thread.  Both keep the same
+records."""
 
 from __future__ import annotations
 
@@ -38,8 +39,8 @@ class SummingComm:
 def run_rounds(
     elements: int, rounds: int, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[dict[str, Any], list[tuple[str, str, int]]]:
-    """The workload's summary, and each draw and hash as (what, thread, calls made
-    before it), the thread being "loop" or "worker"."""
+    """The workload's summary, and each draw, hash and ``sched_yield`` as (what,
+    thread, calls made before it), the thread being "loop" or "worker"."""
     seen: list[tuple[str, str, int]] = []
     loop_thread = threading.get_ident()
     comm = SummingComm(rank=1, world=3)
@@ -54,6 +55,7 @@ def run_rounds(
 
     monkeypatch.setattr(roles, "make_input", noting("draw", roles.make_input))
     monkeypatch.setattr(roles, "_digest", noting("hash", roles._digest))
+    monkeypatch.setattr(roles.os, "sched_yield", noting("yield", lambda: None))
     summary = asyncio.run(roles._allreduce_rounds(comm, rounds, elements, DType.FLOAT32, None, None))  # type: ignore[arg-type]
     return summary, seen
 
@@ -71,7 +73,8 @@ def test_a_small_run_draws_before_its_first_call_and_hashes_after_its_last(
     elements: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     summary, seen = run_rounds(elements, 3, monkeypatch)
-    assert seen == [("draw", "loop", 0)] * 3 + [("hash", "loop", 3)] * 3
+    yields = [("yield", "loop", calls) for calls in range(3)]  # the core offered before each call
+    assert seen == [("draw", "loop", 0)] * 3 + yields + [("hash", "loop", 3)] * 3
     check_records(summary, elements, 3)
 
 

@@ -15,6 +15,7 @@ import gc
 import hashlib
 import json
 import logging
+import os
 import resource
 import signal
 import sys
@@ -265,6 +266,20 @@ twice this much memory at most; larger runs draw and hash each round on a worker
 thread, as before."""
 
 
+def _yield_core() -> None:
+    """Let any other runnable task of this host have this core first (``sched_yield``;
+    returns at once when none is waiting, and is skipped where the OS lacks it).
+
+    A rank whose result arrived first would otherwise seal its next Contribution at
+    once, and the aggregator would wake to take it in, on the cores that the ranks
+    still verifying the same round's Results need when they share them: the round
+    ends with the last of those.  In an 8-byte round on two cores, p50 was 1.57 to
+    2.15 ms with the yield against 1.95 to 2.58 without, alternated (BENCHMARKS.md)."""
+    sched_yield = getattr(os, "sched_yield", None)
+    if sched_yield is not None:
+        sched_yield()
+
+
 def _digest_then_draw(
     result: np.ndarray, data: np.ndarray, following: int | None, rank: int, dtype: DType
 ) -> str:
@@ -373,8 +388,8 @@ async def _allreduce_rounds(
     Under ``quorum`` each round's record also names the ranks it was over.
 
     A small run (:data:`PREDRAWN_BYTES`) draws its inputs before the first call and
-    hashes its results after the last, so that only the collectives run between
-    them.  A larger one reuses one input and one result array, as a training loop
+    hashes its results after the last, so that between calls it only yields the
+    core (:func:`_yield_core`).  A larger one reuses one input and one result array, as a training loop
     reuses its buffers, and between two calls hashes the result, then draws the next
     round's input, on a worker thread: for 64 MiB they took 0.13 s and 0.23 s of CPU,
     which on a loaded machine held the event loop (and so this node's heartbeats) for
@@ -396,6 +411,7 @@ async def _allreduce_rounds(
     for round_index in range(rounds):
         if predrawn:
             data, out = inputs[round_index], outputs[round_index]
+            _yield_core()
         started, start = time.monotonic(), time.perf_counter()
         contributors: list[int] | None = None
         if quorum is None:
