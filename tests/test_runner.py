@@ -92,23 +92,28 @@ class FakeLink:
         return self.closed
 
 
-class CloseThenAnswer:
-    """On each message: close the sender's link, then answer it anyway."""
+class Scripted:
+    """A machine that notes every input and answers each message with :meth:`answer`."""
 
     def __init__(self) -> None:
         self.seen: list[Input] = []
 
     def handle(self, event: Input, now: float) -> list[Command]:
         self.seen.append(event)
-        if isinstance(event, MessageReceived):
-            return [
-                ClosePeer(event.peer, ErrorCode.NO_ERROR, "done"),
-                SendMessage(event.peer, Heartbeat(seq=1)),
-            ]
-        return []
+        return self.answer(event) if isinstance(event, MessageReceived) else []
+
+    def answer(self, event: MessageReceived) -> list[Command]:
+        raise NotImplementedError
 
     def next_deadline(self) -> float | None:
         return None
+
+
+class CloseThenAnswer(Scripted):
+    """On each message: close the sender's link, then answer it anyway."""
+
+    def answer(self, event: MessageReceived) -> list[Command]:
+        return [ClosePeer(event.peer, ErrorCode.NO_ERROR, "done"), SendMessage(event.peer, Heartbeat(seq=1))]
 
 
 def test_a_message_for_a_link_closed_meanwhile_is_dropped(caplog: pytest.LogCaptureFixture) -> None:
@@ -224,22 +229,11 @@ def test_what_one_input_sends_is_flushed_once_per_link_before_the_loop_runs_agai
     asyncio.run(asyncio.wait_for(scenario(), 10))
 
 
-class DialOnMessage:
+class DialOnMessage(Scripted):
     """On each message: dial a peer (whose connection the test's connector refuses)."""
 
-    def __init__(self) -> None:
-        self.seen: list[Input] = []
-
-    def handle(self, event: Input, now: float) -> list[Command]:
-        self.seen.append(event)
-        if isinstance(event, MessageReceived):
-            return [
-                ConnectTo(peer="dialled", address=Address(host="127.0.0.1", port=9), expected_node_id="x")
-            ]
-        return []
-
-    def next_deadline(self) -> float | None:
-        return None
+    def answer(self, event: MessageReceived) -> list[Command]:
+        return [ConnectTo(peer="dialled", address=Address(host="127.0.0.1", port=9), expected_node_id="x")]
 
 
 @pytest.mark.timeout(20)
