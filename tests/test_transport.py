@@ -439,6 +439,55 @@ def test_a_small_message_is_one_write_to_quic_and_a_large_one_two(
     run(test)
 
 
+class Recorder:
+    """A link listener that notes what it is handed, in order."""
+
+    def __init__(self) -> None:
+        self.items: list[Message | CcoError] = []
+        self.closes: list[tuple[ErrorCode, str]] = []
+        self.done = asyncio.Event()
+
+    def deliver(self, item: Message | CcoError) -> None:
+        self.items.append(item)
+
+    def closed(self, code: ErrorCode, detail: str) -> None:
+        self.closes.append((code, detail))
+        self.done.set()
+
+
+def test_a_listener_gets_what_was_queued_first_then_each_message_then_the_close_once(pki: Path) -> None:
+    """PeerLink.listen: messages that arrived before it are handed over first, in
+    order, on the loop's next turn; later ones as they are decoded; the close last,
+    once, after every message that arrived before it."""
+
+    async def test() -> None:
+        async with server(pki) as (srv, accepted):
+            link = await dial(srv, pki)
+            peer = await accepted.get()
+            early = [chunk(GROUP_A, index) for index in range(3)]
+            for message in early:
+                peer.send(message)
+            await peer.drain()
+            while len(protocol(link)._inbox) < len(early):
+                await asyncio.sleep(0.01)  # all three decoded and queued, nobody listening
+            recorder = Recorder()
+            link.listen(recorder)
+            assert recorder.items == []  # handed over on the next turn, not inside listen()
+            late = [chunk(GROUP_A, index) for index in range(3, 6)]  # one stream: in order
+            for message in late:
+                peer.send(message)
+            await peer.drain()
+            while len(recorder.items) < len(early) + len(late):
+                await asyncio.sleep(0.01)
+            peer.close(ErrorCode.SHUTTING_DOWN, "bye")
+            await asyncio.wait_for(recorder.done.wait(), 5)
+            await asyncio.sleep(0.05)  # nothing more comes
+            assert recorder.items == early + late
+            assert recorder.closes == [(ErrorCode.SHUTTING_DOWN, "bye")]
+
+    run(test)
+
+
 def test_stray_datagrams_do_not_disturb_a_running_link(pki: Path) -> None:
     """Datagrams no connection owns are dropped, whichever way the server routes them:
     short headers with an unknown connection ID (the fast path), a long header that is
