@@ -257,8 +257,8 @@ def peak_rss_bytes() -> int:
 PREDRAWN_BYTES = 4 << 20
 """A run of the ``allreduce`` workload whose inputs add up to at most this many bytes
 (over all its rounds) draws every input before its first call and hashes every
-result after its last: between two calls it does nothing but record the time, as the
-Gloo side of the benchmarks does nothing but refill its tensor.  Drawing and hashing
+result after its last: between two calls it only records the time and yields the
+core (:func:`_yield_core`), as the Gloo side of the benchmarks only refills its tensor.  Drawing and hashing
 between the calls of an 8-byte run cost each rank about a tenth of its CPU per round
 (a new random generator per round, then a hash), taken from the other ranks still
 verifying the same round on a host whose cores they share.  Inputs and results take
@@ -389,11 +389,11 @@ async def _allreduce_rounds(
 
     A small run (:data:`PREDRAWN_BYTES`) draws its inputs before the first call and
     hashes its results after the last, so that between calls it only yields the
-    core (:func:`_yield_core`).  A larger one reuses one input and one result array, as a training loop
-    reuses its buffers, and between two calls hashes the result, then draws the next
-    round's input, on a worker thread: for 64 MiB they took 0.13 s and 0.23 s of CPU,
-    which on a loaded machine held the event loop (and so this node's heartbeats) for
-    seconds, long enough for the rendezvous to evict the rank.
+    core (:func:`_yield_core`).  A larger one reuses one input and one result array,
+    as a training loop reuses its buffers, and between two calls hashes the result,
+    then draws the next round's input, on a worker thread: for 64 MiB they took 0.13 s
+    and 0.23 s of CPU, which on a loaded machine held the event loop (and so this
+    node's heartbeats) for seconds, long enough for the rendezvous to evict the rank.
 
     Each record also has ``started``, the call's time on ``time.monotonic()`` (on
     Linux the system-wide CLOCK_MONOTONIC), so that the ranks' records of one host can
