@@ -95,3 +95,29 @@ def test_a_large_run_hashes_and_draws_between_calls_on_a_worker(monkeypatch: pyt
 def test_no_rounds_draw_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     summary, seen = run_rounds(2, 0, monkeypatch)
     assert summary["rounds"] == [] and seen == []
+
+
+class Writes:
+    """An unbuffered stdout stand-in: every ``write`` call kept as it came."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.calls.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_each_round_prints_its_progress_line_in_one_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One write per line: on an unbuffered stdout (``PYTHONUNBUFFERED``) each write is
+    a system call, and ``print`` made two (the line, then its newline)."""
+    out = Writes()
+    monkeypatch.setattr(roles.sys, "stdout", out)
+    run_rounds(2, 3, monkeypatch)
+    assert len(out.calls) == 3
+    for index, line in enumerate(out.calls):
+        assert line.startswith(f"rank 1: round {index + 1}/3 verified, 0.0 MB in ")
+        assert line.endswith(" MB/s)\n") and line.count("\n") == 1
