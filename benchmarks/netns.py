@@ -602,10 +602,14 @@ class CcoCluster:
         reports = [json.loads((self.workdir / f"{name}.json").read_text()) for name, _ in processes]
         return EndpointRun(reports=reports, wall_seconds=wall, cpu_seconds=cpu)
 
+    @property
+    def aggregator_pid(self) -> int:
+        """The aggregator's process id (its launcher's, which may have exec'd another program)."""
+        return dict(self._services)["agg-0"].pid
+
     def aggregator_usage(self) -> dict[str, float]:
         """The aggregator's peak RSS (bytes) and CPU seconds so far, from /proc."""
-        process = dict(self._services)["agg-0"]
-        return _proc_usage(process.pid)
+        return _proc_usage(self.aggregator_pid)
 
     def close(self) -> dict[str, float]:
         """Stop the services (SIGTERM, then SIGKILL after 5 s); the aggregator's usage."""
