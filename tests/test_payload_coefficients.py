@@ -68,6 +68,24 @@ def test_split_coefficients_give_the_product_of_the_words(m: int, width: int) ->
     assert from_split.result() == from_words.result() == expected
 
 
+@pytest.mark.parametrize("n", [0, 1, 2, 18, SMALL_BLOCK])
+@pytest.mark.parametrize("width", [1, 2, 4, 8])
+def test_a_small_chunk_gives_the_reference_product_kept_or_not(n: int, width: int) -> None:
+    """Up to SMALL_BLOCK integers the product takes its own path (one keystream call,
+    Python integers): the same number derived, kept and reused, at every width and at
+    the extremes of the width."""
+    info = np.iinfo(f"<i{width}")
+    rng = np.random.default_rng(n * width)
+    values = rng.integers(info.min, info.max, size=n, endpoint=True).astype(f"<i{width}")
+    values[: min(n, 2)] = [info.min, info.max][: min(n, 2)]
+    want = reference_inner(KEYS, b"small chunk", values)
+    cache = mac.CoefficientCache(2)
+    assert mac.inner_product(KEYS, b"small chunk", values) == want
+    assert mac.inner_product(KEYS, b"small chunk", values, keep=cache) == want
+    assert mac.inner_product(KEYS, b"small chunk", values, reuse=cache) == want
+    assert len(cache) == 0
+
+
 def test_split_coefficients_must_match_the_block() -> None:
     product = InnerProduct(4)
     with pytest.raises(ValueError, match="two limbs per element"):

@@ -25,17 +25,19 @@ import hmac
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
+from operator import mul
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from cco.wire.modp import BLOCK, WORD_MASK, InnerProduct, P, prepare
+from cco.wire.modp import BLOCK, SMALL_BLOCK, WORD_MASK, InnerProduct, P, prepare
 
 KEY_SIZE = 32
 INFO_K1 = b"cco/1 mac k1"
 INFO_K2 = b"cco/1 mac k2"
 _CTR_FROM_ZERO = modes.CTR(bytes(16))
 _ZEROS = bytes(8 * BLOCK)
+_WORD_MASK = np.uint64(WORD_MASK)
 DEFAULT_CACHE_BYTES = 16 << 20
 """What a :class:`CoefficientCache` holds at most unless told otherwise: the
 coefficients of one chunk of the largest size (2^20 elements) split into limbs, or of
@@ -234,6 +236,8 @@ def inner_product(
     them saved each endpoint 3 to 4% of its CPU per round.
     """
     n = len(values)
+    if n <= SMALL_BLOCK:
+        return _small_inner_product(keys, chunk_id, values, keep, reuse)
     product = InnerProduct(values.dtype.itemsize)
     kept = reuse.take(keys, chunk_id, n) if reuse is not None else None
     if kept is not None:
@@ -256,6 +260,32 @@ def inner_product(
     if keep is not None:
         keep.keep(keys, chunk_id, blocks)
     return product.result()
+
+
+def _small_inner_product(
+    keys: GroupKeys,
+    chunk_id: bytes,
+    values: np.ndarray,
+    keep: CoefficientCache | None,
+    reuse: CoefficientCache | None,
+) -> int:
+    """:func:`inner_product` of a chunk of at most ``SMALL_BLOCK`` integers: one block,
+    summed with Python integers.  The keystream is taken in one ``update`` and the
+    coefficients kept already masked (a word mod 2^61, as :meth:`InnerProduct.add`
+    takes them), so sealing and verifying an 8-byte all-reduce's chunk each make a
+    handful of calls where the block loop, :func:`prepare` and ``InnerProduct.add``
+    made some thirty."""
+    n = len(values)
+    kept = reuse.take(keys, chunk_id, n) if reuse is not None else None
+    if kept is not None:
+        (words,) = kept
+    else:
+        encryptor = Cipher(algorithms.AES(coefficient_key(keys, chunk_id)), _CTR_FROM_ZERO).encryptor()
+        words = np.bitwise_and(np.frombuffer(encryptor.update(_ZEROS[: 8 * n]), dtype="<u8"), _WORD_MASK)
+        if keep is not None:
+            keep.keep(keys, chunk_id, [words])
+    product: int = sum(map(mul, words.tolist(), values.tolist()))
+    return product % P
 
 
 def contribution_tag(
