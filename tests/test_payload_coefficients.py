@@ -146,6 +146,35 @@ def test_coefficients_are_reused_only_for_the_same_keys_chunk_and_length() -> No
     assert cache.take(KEYS, chunk_id, n) is None
 
 
+@pytest.mark.parametrize("ranks", [[0, 1, 2, 3], [1, 2], [2], []])
+def test_kept_pads_give_the_pad_sum_of_any_contributors(ranks: list[int]) -> None:
+    """The sealer's pad and the prefixed pad HMAC kept with a chunk's coefficients give
+    exactly :func:`mac.pad_sum`, whether the sealer's rank is among the contributors or
+    not, and leave the cache with the coefficients."""
+    values = inputs(18)[0]
+    chunk_id = int32_header(18).chunk_id()
+    want = (reference_inner(KEYS, chunk_id, values) + mac.pad_sum(KEYS, chunk_id, ranks)) % P
+    cache = mac.CoefficientCache(2)
+    mac.contribution_tag(KEYS, chunk_id, 2, values, keep=cache)
+    assert cache.pads(KEYS, chunk_id) is not None and cache.pads(OTHER_KEYS, chunk_id) is None
+    assert mac.expected_tag(KEYS, chunk_id, ranks, values, reuse=cache) == want
+    assert len(cache) == 0 and cache.pads(KEYS, chunk_id) is None
+
+
+def test_pads_are_kept_only_with_coefficients() -> None:
+    values = inputs(1000)[0]  # 16,000 bytes of coefficients
+    cache = mac.CoefficientCache(1, max_bytes=10_000)
+    mac.contribution_tag(KEYS, b"large", 0, values, keep=cache)  # coefficients too large: no pads either
+    assert len(cache) == 0 and cache.pads(KEYS, b"large") is None
+    small = inputs(4)[0]
+    mac.contribution_tag(KEYS, b"first", 0, small, keep=cache)
+    mac.contribution_tag(KEYS, b"second", 1, small, keep=cache)  # the first is dropped, pads and all
+    assert cache.pads(KEYS, b"first") is None and cache.pads(KEYS, b"second") is not None
+    assert mac.expected_tag(KEYS, b"first", [0, 1], small, reuse=cache) == mac.expected_tag(
+        KEYS, b"first", [0, 1], small
+    )
+
+
 def test_the_cache_holds_the_newest_chunks() -> None:
     cache = mac.CoefficientCache(2)
     values = inputs(2 * SMALL_BLOCK)[0]

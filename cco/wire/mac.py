@@ -144,6 +144,26 @@ def pad_sum(keys: GroupKeys, chunk_id: bytes, ranks: Iterable[int]) -> int:
     return sum(_pad(mac, r) for r in ranks) % P
 
 
+class _Pads:
+    """The pads of one chunk m as its sealer knows them: the pad HMAC with m absorbed,
+    and the sealer's own pad.  An endpoint computes its own pad when it seals a chunk
+    and every contributor's pad when it verifies the chunk's aggregate; kept with the
+    chunk's coefficients (:meth:`CoefficientCache.keep_pads`), they spare the
+    verification one HMAC and the absorbing of m."""
+
+    __slots__ = ("_mac", "own", "rank")
+
+    def __init__(self, keys: GroupKeys, chunk_id: bytes, rank: int) -> None:
+        self._mac = keys._mac2.prefixed(chunk_id)
+        self.rank = rank
+        self.own = _pad(self._mac, rank)  # F(k2, m, rank)
+
+    def total(self, ranks: Iterable[int]) -> int:
+        """sum over r in ``ranks`` of F(k2, m, r) mod p."""
+        mac, rank, own = self._mac, self.rank, self.own
+        return sum(own if r == rank else _pad(mac, r) for r in ranks) % P
+
+
 class _Stream(threading.local):
     """Per-thread keystream buffer (``update_into`` needs room for one extra AES block)."""
 
@@ -171,9 +191,12 @@ class CoefficientCache:
     ``max_bytes`` bytes (16 per element split, 8 as words) are kept; keeping more
     drops the oldest, and a chunk larger than ``max_bytes`` is not kept.  A chunk not found is derived
     again, so the bounds cost time, never a wrong tag.
+
+    A kept chunk also keeps the sealer's pad and the pad HMAC with the chunk id absorbed
+    (:class:`_Pads`): verifying then computes the other contributors' pads only.
     """
 
-    __slots__ = ("_bytes", "_chunks", "_kept", "_max_bytes")
+    __slots__ = ("_bytes", "_chunks", "_kept", "_max_bytes", "_pads")
 
     def __init__(self, chunks: int, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         if chunks < 1:
@@ -182,6 +205,7 @@ class CoefficientCache:
         self._max_bytes = max_bytes
         self._bytes = 0
         self._kept: OrderedDict[tuple[GroupKeys, bytes], list[np.ndarray]] = OrderedDict()
+        self._pads: dict[tuple[GroupKeys, bytes], _Pads] = {}  # of kept chunks only
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -201,6 +225,16 @@ class CoefficientCache:
         while len(self._kept) > self._chunks or self._bytes > self._max_bytes:
             self._forget(next(iter(self._kept)))
 
+    def keep_pads(self, keys: GroupKeys, chunk_id: bytes, pads: _Pads) -> None:
+        """Keep the chunk's pads with its coefficients (not at all if those are not kept)."""
+        if (keys, chunk_id) in self._kept:
+            self._pads[(keys, chunk_id)] = pads
+
+    def pads(self, keys: GroupKeys, chunk_id: bytes) -> _Pads | None:
+        """The chunk's pads kept with its coefficients, left in the cache (:meth:`take`
+        removes both)."""
+        return self._pads.get((keys, chunk_id))
+
     def take(self, keys: GroupKeys, chunk_id: bytes, elements: int) -> list[np.ndarray] | None:
         """The chunk's prepared coefficients, removed from the cache, if it holds them for
         exactly ``elements`` elements."""
@@ -212,6 +246,7 @@ class CoefficientCache:
     def _forget(self, key: tuple[GroupKeys, bytes]) -> list[np.ndarray] | None:
         blocks = self._kept.pop(key, None)
         if blocks is not None:
+            self._pads.pop(key, None)
             self._bytes -= sum(block.nbytes for block in blocks)
         return blocks
 
@@ -291,8 +326,13 @@ def _small_inner_product(
 def contribution_tag(
     keys: GroupKeys, chunk_id: bytes, rank: int, values: np.ndarray, keep: CoefficientCache | None = None
 ) -> int:
-    """t_r = <u, x_r> + F(k2, m, r) mod p; the chunk's coefficients kept in ``keep``."""
-    return (inner_product(keys, chunk_id, values, keep=keep) + pad(keys, chunk_id, rank)) % P
+    """t_r = <u, x_r> + F(k2, m, r) mod p; the chunk's coefficients and pad kept in ``keep``."""
+    product = inner_product(keys, chunk_id, values, keep=keep)
+    if keep is None:
+        return (product + pad(keys, chunk_id, rank)) % P
+    pads = _Pads(keys, chunk_id, rank)
+    keep.keep_pads(keys, chunk_id, pads)
+    return (product + pads.own) % P
 
 
 def expected_tag(
@@ -303,5 +343,9 @@ def expected_tag(
     reuse: CoefficientCache | None = None,
 ) -> int:
     """The only tag an honest aggregate of ``ranks`` with integers ``values`` can carry
-    (the coefficients taken from ``reuse`` when it holds them)."""
-    return (inner_product(keys, chunk_id, values, reuse=reuse) + pad_sum(keys, chunk_id, ranks)) % P
+    (the coefficients and pads taken from ``reuse`` when it holds them)."""
+    pads = reuse.pads(keys, chunk_id) if reuse is not None else None
+    product = inner_product(keys, chunk_id, values, reuse=reuse)
+    if pads is None:
+        return (product + pad_sum(keys, chunk_id, ranks)) % P
+    return (product + pads.total(ranks)) % P
