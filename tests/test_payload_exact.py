@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cco.interop import expected, reference
-from cco.wire import cbor
+from cco.wire import cbor, exact
 from cco.wire.dtypes import ELEMENT_TYPES, round_to_bfloat16
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.exact import LIMB_BITS, MAX_ELEMENTS, from_limbs, limb_count, to_limbs
@@ -258,3 +258,20 @@ def test_the_interop_runner_expects_what_the_exact_form_gives(dtype: DType, op: 
     inputs = [make_input(expected.SEED, 3, rank, dtype, 7) for rank in range(3)]
     want = expected.reduce_exact(inputs, dtype, op)
     assert _reduce(inputs, dtype, 3 if op is ReduceOp.AVG else 1).tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_a_sum_rounds_by_shifting_as_the_general_division_does(dtype: DType, data: st.DataObject) -> None:
+    """A SUM (divisor 1) rounds by shifting the total; the general path (a division)
+    must give the same value or the same overflow: t / 1 is 2t / 2.  Totals are drawn
+    near the places rounding is delicate: ties, subnormals, carries, the largest value."""
+    fmt = exact._FORMATS[dtype]
+    unit = exact._unit_exponent(fmt)
+    bits = exact.limb_count(dtype) * LIMB_BITS
+    low = data.draw(st.integers(0, 2**fmt.precision + 2))
+    shift = data.draw(st.integers(0, bits - fmt.precision))
+    tweak = data.draw(st.sampled_from([0, 1, -1, 1 << max(0, shift - 1), -(1 << max(0, shift - 1))]))
+    total = data.draw(st.sampled_from([1, -1])) * ((low << shift) + tweak)
+    assert exact._round_shifted(total, unit, fmt) == exact._round_scaled(2 * total, unit, 2, fmt)

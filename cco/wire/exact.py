@@ -137,6 +137,8 @@ def _round_scaled(total: int, exponent: int, divisor: int, fmt: _Format) -> floa
     if the rounded magnitude exceeds the format's largest finite value."""
     if total == 0:
         return 0.0
+    if divisor == 1:
+        return _round_shifted(total, exponent, fmt)
     magnitude = abs(total)
     # e, the exponent of the leading bit (2^e <= magnitude * 2^exponent / divisor < 2^(e+1)),
     # is the difference of the bit lengths or one below it
@@ -150,6 +152,30 @@ def _round_scaled(total: int, exponent: int, divisor: int, fmt: _Format) -> floa
     if 2 * r > denominator or (2 * r == denominator and q & 1):
         q += 1  # may carry into 2^precision: still exactly q * 2^quantum
     top = fmt.emax - fmt.precision + 1  # the quantum of the largest binade
+    if quantum > top or (quantum == top and q.bit_length() > fmt.precision):
+        return None
+    value = math.ldexp(q, quantum)
+    return -value if total < 0 else value
+
+
+def _round_shifted(total: int, exponent: int, fmt: _Format) -> float | None:
+    """:func:`_round_scaled` without a divisor (every SUM): the leading bit is the
+    total's own, and rounding drops low bits of the total, a shift and a mask where
+    the general case divides.  The arithmetic of a round's two elements is most of
+    :func:`from_limbs`."""
+    magnitude = abs(total)
+    e = magnitude.bit_length() - 1 + exponent
+    quantum = max(e, fmt.emin) - fmt.precision + 1
+    drop = quantum - exponent  # bits of the total below the result's last bit
+    if drop <= 0:
+        q = magnitude << -drop
+    else:
+        q = magnitude >> drop
+        rest = magnitude & ((1 << drop) - 1)
+        half = 1 << (drop - 1)
+        if rest > half or (rest == half and q & 1):
+            q += 1  # may carry into 2^precision: still exactly q * 2^quantum
+    top = fmt.emax - fmt.precision + 1
     if quantum > top or (quantum == top and q.bit_length() > fmt.precision):
         return None
     value = math.ldexp(q, quantum)
