@@ -251,6 +251,11 @@ def fingerprint(message: ChunkMessage) -> bytes:
     return digest + zlib.crc32(message.payload).to_bytes(4, "big")
 
 
+def _earlier(earliest: float | None, time: float) -> float:
+    """The earlier of a running minimum (None: nothing yet) and ``time``."""
+    return time if earliest is None or time < earliest else earliest
+
+
 def _retype(message: ChunkMessage, cls: type[ChunkMessage]) -> ChunkMessage:
     """The same chunk as another message class (a lone part becomes the aggregate)."""
     if type(message) is cls:
@@ -376,23 +381,24 @@ class AggregatorMachine:
     # --- driving --------------------------------------------------------------
 
     def next_deadline(self) -> float | None:
-        times: list[float] = []
+        """The earliest timer.  The I/O layer asks after every input (four times per
+        round of a four-rank group), so this is one pass that builds no lists."""
+        earliest = self._grace_until
         if self._rendezvous is not None and self._heartbeat_interval:
-            times.append(self._last_heard + 3 * self._heartbeat_interval)
+            earliest = _earlier(earliest, self._last_heard + 3 * self._heartbeat_interval)
             if self._next_heartbeat is not None:
-                times.append(self._next_heartbeat)
-        if self._grace_until is not None:
-            times.append(self._grace_until)
+                earliest = _earlier(earliest, self._next_heartbeat)
         for queue in chain(self._pending.values(), self._unconnected.values()):
             if queue:
-                times.append(queue[0].arrived + self.config.pending_timeout)
+                earliest = _earlier(earliest, queue[0].arrived + self.config.pending_timeout)
         for group in self._groups.values():
             if group.retry_at is not None:
-                times.append(group.retry_at)
+                earliest = _earlier(earliest, group.retry_at)
             if group.slots:
                 half_timeout = group.timeout / 2
-                times.append(min(slot.next_timer(half_timeout) for slot in group.slots.values()))
-        return min(times, default=None)
+                for slot in group.slots.values():
+                    earliest = _earlier(earliest, slot.next_timer(half_timeout))
+        return earliest
 
     def handle(self, event: Input, now: float) -> list[Command]:
         """Process one input; never raises for anything a peer can send."""
