@@ -8,6 +8,7 @@ decoding rules of the draft's "Encoding" section are checked one by one below.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import cbor2
 import pytest
@@ -200,6 +201,29 @@ def test_encoder_refuses_invalid_messages() -> None:
     with pytest.raises(EncodeError) as info:
         encode_message(Heartbeat(seq=-1))
     assert info.value.code is ErrorCode.INVALID_FIELD
+
+
+def test_a_chunk_message_validated_once_is_still_checked_whenever_it_is_another() -> None:
+    # ChunkMessage.validate skips the message that last passed it: the one the payload
+    # layer validated right before encoding it.  Any other message, valid or not, and
+    # an invalid one however often it is asked, gets the full checks and their errors.
+    body = block_scaled_body()
+    valid = decode_message(cbor.encode([int(MessageType.RESULT), body]))
+    assert isinstance(valid, Result)
+    valid.validate("Result", encoding=True)
+    invalid = replace(valid, payload=bytes(20 * 4))  # no attestations
+    for _ in range(2):
+        with pytest.raises(EncodeError) as info:
+            encode_message(invalid)
+        assert info.value.code is ErrorCode.INVALID_FIELD
+        assert info.value.detail == "Result: payload has 80 bytes, chunk needs 88"
+    assert (
+        encode_message(valid)
+        == encode_message(replace(valid))
+        == cbor.encode([int(MessageType.RESULT), body])
+    )
+    with pytest.raises(DecodeError, match="payload has 80 bytes"):
+        decode_message(cbor.encode([int(MessageType.RESULT), {**body, 13: bytes(80)}]))
 
 
 def test_encoder_uses_rfc8949_key_order_for_mixed_keys() -> None:

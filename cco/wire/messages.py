@@ -301,6 +301,14 @@ def chunk_length(total_elements: int, chunk_elements: int, chunk_index: int) -> 
     return length if length > 0 else 0
 
 
+ROOTED_KINDS = frozenset({Collective.REDUCE, Collective.BROADCAST})
+"""Kinds whose chunks name their root rank (a module constant: on Python 3.11 each
+enum member looked up on its class is an attribute miss that costs a call)."""
+
+_last_valid: ChunkMessage | None = None
+"""The chunk message that last passed :meth:`ChunkMessage.validate` (see there)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ChunkMessage(Message):
     """Fields shared by every message that carries one chunk of an operation's data.
@@ -351,6 +359,16 @@ class ChunkMessage(Message):
         return 0 if self.block_elements is None else block_count(self.element_count, self.block_elements)
 
     def validate(self, where: str, encoding: bool) -> None:
+        """The cross-field checks, skipped for the message that last passed them.
+
+        The payload layer validates each chunk message it builds, and encoding it
+        validates it again: a message is immutable and the checks depend on nothing
+        else, so the same object passes again, whatever ``where`` and ``encoding``
+        (which only word an error).  The message is held, so its identity cannot be
+        reused by another one."""
+        global _last_valid
+        if self is _last_valid:
+            return
         if self.width not in ELEMENT_WIDTHS:
             raise invalid(where, f"width {self.width} is not one of {ELEMENT_WIDTHS}", encoding)
         count = chunk_count(self.total_elements, self.chunk_elements)
@@ -373,7 +391,7 @@ class ChunkMessage(Message):
             raise invalid(where, f"payload has {len(self.payload)} bytes, chunk needs {expected}", encoding)
         if not self.contributors:
             raise invalid(where, "contributors bitmap is empty", encoding)
-        needs_root = self.kind in (Collective.REDUCE, Collective.BROADCAST)
+        needs_root = self.kind in ROOTED_KINDS
         if needs_root != (self.root is not None):
             raise invalid(
                 where,
@@ -381,6 +399,7 @@ class ChunkMessage(Message):
                 encoding,
             )
         self._validate_quorum(where, encoding)
+        _last_valid = self
 
     def _validate_quorum(self, where: str, encoding: bool) -> None:
         """members, quorum and wait_ms: ALL_REDUCE only; quorum and wait_ms together, and

@@ -89,9 +89,17 @@ def form(kind: Collective, op: ReduceOp, dtype: DType, exact: bool = False) -> F
     return Form.EXACT if exact else Form.BLOCK_SCALED
 
 
+@functools.cache  # asked for every chunk message validated
+def sums_floats(kind: Collective, op: ReduceOp, dtype: DType) -> bool:
+    """Whether chunks of this kind, op and dtype are a float SUM or AVG reduction, the
+    only ones that may be block-scaled.  Cached, as a bool, since on Python 3.11 each
+    ``Form.MEMBER`` looked up on its class costs an attribute miss."""
+    return form(kind, op, dtype) is Form.BLOCK_SCALED
+
+
 def sums_exactly(kind: Collective, op: ReduceOp, dtype: DType, elements: int) -> bool:
     """Whether an operation of ``elements`` application elements is in the EXACT form."""
-    return form(kind, op, dtype) is Form.BLOCK_SCALED and elements <= MAX_ELEMENTS
+    return sums_floats(kind, op, dtype) and elements <= MAX_ELEMENTS
 
 
 def scaling_problem(
@@ -103,7 +111,7 @@ def scaling_problem(
     without, at most MAX_ELEMENTS elements of ``limb_count`` positions each.  (Which
     form an operation takes is the endpoints' rule, :func:`sums_exactly`; a chunk of
     the other form has another chunk identifier, so it never combines with theirs.)"""
-    sum_of_floats = form(kind, op, dtype) is Form.BLOCK_SCALED
+    sum_of_floats = sums_floats(kind, op, dtype)
     if sum_of_floats == scaled:  # block-scaled, or no scaling where there is none
         return None
     if not sum_of_floats:
