@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import cast
 
 import cbor2
 import pytest
@@ -18,6 +19,7 @@ from strategies import ALL_MESSAGE_CLASSES, any_message, message_strategy
 
 from cco.wire import cbor
 from cco.wire.errors import DecodeError, EncodeError, ErrorCode
+from cco.wire.fields import Bitmap, Bytes
 from cco.wire.framing import FrameDecoder, decode_varint, encode_frame, encode_varint, frame_prefix
 from cco.wire.messages import (
     Contribution,
@@ -207,7 +209,7 @@ def test_a_chunk_message_validated_once_is_still_checked_whenever_it_is_another(
     # ChunkMessage.validate skips the message that last passed it: the one the payload
     # layer validated right before encoding it.  Any other message, valid or not, and
     # an invalid one however often it is asked, gets the full checks and their errors.
-    body = block_scaled_body()
+    body = cast(dict[cbor.CborKey, cbor.CborValue], block_scaled_body())  # typed for cbor.encode
     valid = decode_message(cbor.encode([int(MessageType.RESULT), body]))
     assert isinstance(valid, Result)
     valid.validate("Result", encoding=True)
@@ -379,3 +381,39 @@ def test_frame_prefix_refuses_a_length_over_the_limit() -> None:
     with pytest.raises(EncodeError) as info:
         frame_prefix(1025, max_message_size=1024)
     assert info.value.code is ErrorCode.MESSAGE_TOO_LARGE
+
+
+class _BytesSubclass(bytes):
+    pass
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"",
+        b"\x01",
+        b"\x80\x01",
+        b"\x00",
+        b"\x01\x00",
+        b"\x01\x02\x03",
+        _BytesSubclass(b"\x01"),
+        bytearray(b"\x01"),
+        1,
+    ],
+)
+def test_bitmap_fast_path_agrees_with_its_full_checks(value: object) -> None:
+    # The one-test fast path of Bitmap must accept exactly what Bytes' checks followed
+    # by the trailing-byte check accept, and leave every refusal to them.
+    bitmap = Bitmap(max_len=2)
+    for encoding, convert in ((True, bitmap.to_cbor), (False, bitmap.from_cbor)):
+        try:
+            expected: object = Bitmap._without_trailing_zero(
+                Bytes._check(bitmap, value, "m.f", encoding), "m.f", encoding
+            )
+        except (EncodeError, DecodeError) as error:
+            expected = (type(error), error.code, error.detail)
+        try:
+            got: object = convert(value, "m.f")  # type: ignore[arg-type]
+        except (EncodeError, DecodeError) as error:
+            got = (type(error), error.code, error.detail)
+        assert got == expected
