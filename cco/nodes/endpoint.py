@@ -148,6 +148,13 @@ _FINISHED = (OperationState.COMPLETED, OperationState.FAILED)
 _TERMINAL = (SessionState.REJECTED, SessionState.LEFT, SessionState.CLOSED)
 _HELD_BACK = (OperationState.QUEUED, OperationState.SENDING)
 
+# Per-call constants, built once: on Python 3.11 every ``Enum.MEMBER`` lookup goes through
+# EnumType.__getattr__, and a plain Enum hashes in Python, so the per-round checks test
+# identity against these tuples instead of building tuples or consulting the table.
+_STARTABLE = tuple(state for state in SessionState if SESSION_TABLE.allows(state, START))
+_ROOTED = (Collective.REDUCE, Collective.BROADCAST)  # the collectives that take a root
+_WHOLE_GROUP = (Collective.ALL_GATHER, Collective.REDUCE_SCATTER)  # need every rank
+
 
 @dataclass(slots=True)
 class Prepared:
@@ -302,9 +309,8 @@ class EndpointMachine:
         """
         self._check_startable()
         assert self._params is not None and self._rank is not None
-        dtype, op, root = self._check_request(request)
+        dtype, op, root, array = self._check_request(request)
         element = ELEMENT_TYPES[dtype]
-        array = None if request.array is None else np.asarray(request.array)
         if array is not None and array.dtype != element.storage:
             raise CcoError(ErrorCode.INVALID_FIELD, f"{dtype.name} arrays are numpy {element.storage}")
         if request.out is not None:
@@ -361,10 +367,7 @@ class EndpointMachine:
             prepared = self.prepare(request)  # which checks that the session can start
         else:
             self._check_startable()
-        if len(self._members) < self._world_size and request.kind in (
-            Collective.ALL_GATHER,
-            Collective.REDUCE_SCATTER,
-        ):
+        if len(self._members) < self._world_size and request.kind in _WHOLE_GROUP:
             raise CcoError(
                 ErrorCode.UNSUPPORTED_FEATURE,
                 f"{request.kind.name} needs every rank of {self._world_size}; "
@@ -382,8 +385,9 @@ class EndpointMachine:
             return op_id, [OperationFailed(op_id, refusal)]
         operation.op_id = op_id
         operation.deadline = now + operation.timeout
-        if operation.total >= 0:
-            self._size(operation, operation.total)
+        if operation.total >= 0 and not operation.members:
+            # prepare() sized it under these parameters; only the members are of now
+            operation.members = self._members
         prepared.compute()
         if prepared.error is not None:
             return op_id, self._refuse_start(first, op_id, request.kind, prepared.error)
@@ -405,7 +409,7 @@ class EndpointMachine:
         return op_id, out
 
     def _check_startable(self) -> None:
-        if not SESSION_TABLE.allows(self._state, START):
+        if self._state not in _STARTABLE:
             raise CcoError(
                 ErrorCode.PROTOCOL_VIOLATION, f"start() is not allowed in state {self._state.name}"
             )
@@ -476,7 +480,8 @@ class EndpointMachine:
         earliest = self._retry_at
         if self._rendezvous is not None and self._next_heartbeat is not None and self._params is not None:
             earliest = _earlier(earliest, self._next_heartbeat)
-            earliest = _earlier(earliest, self._last_heard + 3 * self._heartbeat_interval)
+            silence = 3 * (self._params.heartbeat_interval_ms / 1000)  # as _on_timer, without the property
+            earliest = _earlier(earliest, self._last_heard + silence)
         if self._detached_at is not None:
             earliest = _earlier(earliest, self._detached_at + self.config.rendezvous_grace)
         for op in self._ops.values():
@@ -487,17 +492,17 @@ class EndpointMachine:
 
     def handle(self, event: Input, now: float) -> list[Command]:
         """Process one input; never raises for anything a peer can send."""
-        if isinstance(event, PeerConnected):
-            return self._on_connected(event, now)
-        if isinstance(event, PeerDisconnected):
-            return self._on_disconnected(event, now)
-        if isinstance(event, MessageReceived):
+        if isinstance(event, MessageReceived):  # first: the input of every round
             if event.peer == self._rendezvous:
                 self._last_heard = now
                 return self._on_rendezvous(event.message, now)
             if event.peer == self._parent:
                 return self._on_parent(event.message, now)
             return [refuse(event.peer, event.message, ErrorCode.UNAUTHORIZED, "not a peer of this session")]
+        if isinstance(event, PeerConnected):
+            return self._on_connected(event, now)
+        if isinstance(event, PeerDisconnected):
+            return self._on_disconnected(event, now)
         if isinstance(event, MessageMalformed):  # a connection error: report it, close, forget the peer
             code, detail = event.error.code, clip(event.error.detail)
             closing: list[Command] = [
@@ -1191,8 +1196,9 @@ class EndpointMachine:
         return self._params.heartbeat_interval_ms / 1000
 
     def _default_timeout(self) -> float:
-        assert self._params is not None
-        return self._params.operation_timeout_ms / 1000 + self._heartbeat_interval
+        params = self._params
+        assert params is not None
+        return params.operation_timeout_ms / 1000 + params.heartbeat_interval_ms / 1000
 
     def _on_timer(self, now: float) -> list[Command]:
         out: list[Command] = []
@@ -1235,10 +1241,13 @@ class EndpointMachine:
 
     # --- argument checks --------------------------------------------------------
 
-    def _check_request(self, request: CollectiveRequest) -> tuple[DType, ReduceOp, int | None]:
+    def _check_request(
+        self, request: CollectiveRequest
+    ) -> tuple[DType, ReduceOp, int | None, np.ndarray | None]:
+        """The call's dtype, op and root, and its array as numpy (None if it has none)."""
         kind = request.kind
         world = self._world_size
-        needs_root = kind in (Collective.REDUCE, Collective.BROADCAST)
+        needs_root = kind in _ROOTED
         if needs_root != (request.root is not None):
             raise CcoError(
                 ErrorCode.INVALID_FIELD, f"{kind.name} {'needs' if needs_root else 'takes no'} root"
@@ -1252,13 +1261,14 @@ class EndpointMachine:
         if request.quorum is not None:
             self._check_quorum(kind, request.quorum)
         if kind is Collective.BARRIER:
-            return DType.INT8, ReduceOp.SUM, None
+            barrier_array = None if request.array is None else np.asarray(request.array)
+            return DType.INT8, ReduceOp.SUM, None, barrier_array  # prepare() refuses any but int8
         array = request.array
         receiver = kind is Collective.BROADCAST and request.root != self._rank
         if array is None:
             if not receiver or request.dtype is None:
                 raise CcoError(ErrorCode.INVALID_FIELD, f"{kind.name} needs an array (or a dtype to receive)")
-            return request.dtype, request.op, request.root
+            return request.dtype, request.op, request.root, None
         array = np.asarray(array)
         dtype = request.dtype if request.dtype is not None else _NUMPY_DTYPES.get(array.dtype)
         if dtype is None:
@@ -1268,7 +1278,7 @@ class EndpointMachine:
             raise CcoError(ErrorCode.MESSAGE_TOO_LARGE, f"{size} elements exceed {MAX_TOTAL_ELEMENTS}")
         if kind is Collective.REDUCE_SCATTER and array.size % world:
             raise CcoError(ErrorCode.INVALID_FIELD, f"{array.size} elements do not split into {world} parts")
-        return dtype, request.op, request.root
+        return dtype, request.op, request.root, array
 
     def _check_out(self, request: CollectiveRequest, array: np.ndarray | None, storage: np.dtype) -> None:
         """``out`` must take exactly the result, and never overlap the input."""
