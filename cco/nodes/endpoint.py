@@ -154,6 +154,12 @@ _HELD_BACK = (OperationState.QUEUED, OperationState.SENDING)
 _STARTABLE = tuple(state for state in SessionState if SESSION_TABLE.allows(state, START))
 _ROOTED = (Collective.REDUCE, Collective.BROADCAST)  # the collectives that take a root
 _WHOLE_GROUP = (Collective.ALL_GATHER, Collective.REDUCE_SCATTER)  # need every rank
+# The members the per-round paths test, for the same reason: a lookup through
+# EnumType.__getattr__ costs some 900 instructions, a module constant a dict lookup.
+_READY = SessionState.READY
+_BARRIER, _BROADCAST = Collective.BARRIER, Collective.BROADCAST
+_ALL_GATHER, _REDUCE_SCATTER = Collective.ALL_GATHER, Collective.REDUCE_SCATTER
+_BLOCK_SCALED = Form.BLOCK_SCALED
 
 
 @dataclass(slots=True)
@@ -317,13 +323,13 @@ class EndpointMachine:
             self._check_out(request, array, element.storage)
         check_operation(request.kind, op, dtype, 0 if array is None else array.size)
         exact = array is not None and sums_exactly(request.kind, op, dtype, array.size)
-        scaled = form(request.kind, op, dtype, exact) is Form.BLOCK_SCALED
+        scaled = form(request.kind, op, dtype, exact) is _BLOCK_SCALED
         width = self._wire_width(request, dtype, op, scaled or exact)  # checked; unused when EXACT
-        sending = request.kind is not Collective.BROADCAST or root == self._rank
+        sending = request.kind is not _BROADCAST or root == self._rank
         source = source_of(array) if sending else None
         placed = placement(request.kind, dtype, source, self._rank, exact)
         if source is not None:
-            total = len(placed) * (self._world_size if request.kind is Collective.ALL_GATHER else 1)
+            total = len(placed) * (self._world_size if request.kind is _ALL_GATHER else 1)
         elif array is not None:  # a broadcast receiver that knows the shape
             total = array.size * element.patterns_per_element
         else:  # learnt from the first verified chunk
@@ -835,7 +841,7 @@ class EndpointMachine:
 
     def _check_header(self, op: Operation, message: ChunkMessage) -> None:
         """Refuse a chunk that is not one of this operation's (another op, epoch or shape)."""
-        expected_type = BroadcastData if op.kind is Collective.BROADCAST else Result
+        expected_type = BroadcastData if op.kind is _BROADCAST else Result
         header = payload.ChunkHeader.of(message)
         wanted = op.header(self.config.group_id, message.chunk_index, message.epoch)
         if not isinstance(message, expected_type) or header != wanted:
@@ -859,7 +865,7 @@ class EndpointMachine:
         self._check_header(op, message)
         assert self._keys is not None and self._rank is not None
         expected = op.members
-        if op.kind is Collective.BROADCAST:
+        if op.kind is _BROADCAST:
             assert op.root is not None
             expected = frozenset({op.root})
         own = None
@@ -955,7 +961,7 @@ class EndpointMachine:
 
     def _pump(self, now: float) -> list[Command]:
         """Send chunks, oldest operation first, while the window has room."""
-        if self._state is not SessionState.READY or self._params is None or self._parent is None:
+        if self._state is not _READY or self._params is None or self._parent is None:
             return []
         out: list[Command] = []
         for op in list(self._ops.values()):
@@ -986,7 +992,7 @@ class EndpointMachine:
         if op.epoch is None:
             op.epoch = self._epoch
             op.members = op.listed if op.listed is not None else self._members
-        cls: type[ChunkMessage] = BroadcastData if op.kind is Collective.BROADCAST else Contribution
+        cls: type[ChunkMessage] = BroadcastData if op.kind is _BROADCAST else Contribution
         sealed = payload.seal(
             self._keys,
             op.header(self.config.group_id, index, op.epoch),
@@ -1260,11 +1266,11 @@ class EndpointMachine:
             raise CcoError(ErrorCode.INVALID_FIELD, f"timeout {request.timeout} is not positive")
         if request.quorum is not None:
             self._check_quorum(kind, request.quorum)
-        if kind is Collective.BARRIER:
+        if kind is _BARRIER:
             barrier_array = None if request.array is None else np.asarray(request.array)
             return DType.INT8, ReduceOp.SUM, None, barrier_array  # prepare() refuses any but int8
         array = request.array
-        receiver = kind is Collective.BROADCAST and request.root != self._rank
+        receiver = kind is _BROADCAST and request.root != self._rank
         if array is None:
             if not receiver or request.dtype is None:
                 raise CcoError(ErrorCode.INVALID_FIELD, f"{kind.name} needs an array (or a dtype to receive)")
@@ -1273,10 +1279,10 @@ class EndpointMachine:
         dtype = request.dtype if request.dtype is not None else _NUMPY_DTYPES.get(array.dtype)
         if dtype is None:
             raise CcoError(ErrorCode.UNSUPPORTED_FEATURE, f"numpy dtype {array.dtype} is not a CCO dtype")
-        size = array.size * (world if kind is Collective.ALL_GATHER else 1)
+        size = array.size * (world if kind is _ALL_GATHER else 1)
         if size > MAX_TOTAL_ELEMENTS:
             raise CcoError(ErrorCode.MESSAGE_TOO_LARGE, f"{size} elements exceed {MAX_TOTAL_ELEMENTS}")
-        if kind is Collective.REDUCE_SCATTER and array.size % world:
+        if kind is _REDUCE_SCATTER and array.size % world:
             raise CcoError(ErrorCode.INVALID_FIELD, f"{array.size} elements do not split into {world} parts")
         return dtype, request.op, request.root, array
 
@@ -1286,13 +1292,13 @@ class EndpointMachine:
         kind = request.kind
         if not isinstance(out, np.ndarray):
             raise CcoError(ErrorCode.INVALID_FIELD, f"out is a {type(out).__name__}, not a numpy array")
-        if kind is Collective.BARRIER:
+        if kind is _BARRIER:
             raise CcoError(ErrorCode.INVALID_FIELD, "BARRIER has no result to write to out")
         if array is None:
             raise CcoError(ErrorCode.INVALID_FIELD, f"{kind.name} with out needs the array too (its shape)")
-        if kind is Collective.ALL_GATHER:
+        if kind is _ALL_GATHER:
             shape: tuple[int, ...] = (self._world_size, *array.shape)
-        elif kind is Collective.REDUCE_SCATTER:
+        elif kind is _REDUCE_SCATTER:
             shape = (array.size // self._world_size,)
         else:
             shape = array.shape

@@ -38,6 +38,11 @@ from cco.wire.fields import bitmap_from_ranks
 from cco.wire.messages import ChunkMessage, chunk_count, chunk_length
 from cco.wire.registries import Collective, DType, ReduceOp
 
+# The kinds the per-round paths test: on Python 3.11 ``Collective.MEMBER`` is looked up
+# through EnumType.__getattr__ (some 900 instructions); a module constant is a dict lookup.
+_BARRIER, _REDUCE = Collective.BARRIER, Collective.REDUCE
+_ALL_GATHER, _REDUCE_SCATTER = Collective.ALL_GATHER, Collective.REDUCE_SCATTER
+
 
 class OperationState(Enum):
     """One collective call."""
@@ -157,9 +162,7 @@ class Operation:
     @property
     def receives(self) -> bool:
         """Whether this rank gets a result (REDUCE: only the root; BARRIER: nobody)."""
-        return self.kind is not Collective.BARRIER and (
-            self.kind is not Collective.REDUCE or self.root == self.rank
-        )
+        return self.kind is not _BARRIER and (self.kind is not _REDUCE or self.root == self.rank)
 
     def header(self, group_id: bytes, index: int, epoch: int) -> payload.ChunkHeader:
         """The identifying fields of chunk ``index`` in ``epoch`` (built once per epoch)."""
@@ -332,10 +335,10 @@ class Operation:
         return self.out
 
     def _shaped(self, decoded: np.ndarray) -> np.ndarray:
-        if self.kind is Collective.ALL_GATHER:
+        if self.kind is _ALL_GATHER:
             assert self.shape is not None
             return decoded.reshape((self.world_size, *self.shape))
-        if self.kind is Collective.REDUCE_SCATTER:
+        if self.kind is _REDUCE_SCATTER:
             part = decoded.size // self.world_size
             return decoded[self.rank * part : (self.rank + 1) * part].copy()
         if self.shape is not None and math.prod(self.shape) == decoded.size:
@@ -368,7 +371,7 @@ def placement(kind: Collective, dtype: DType, source: np.ndarray | None, rank: i
     if source is None:
         return range(0)
     length = wire_length(dtype, kind, source.size, exact)
-    first = rank * length if kind is Collective.ALL_GATHER else 0
+    first = rank * length if kind is _ALL_GATHER else 0
     return range(first, first + length)
 
 
