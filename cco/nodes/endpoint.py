@@ -381,11 +381,11 @@ class EndpointMachine:
             )
         operation = prepared.operation
         scaled = prepared.width is not None
-        presence_id = self._next_op_id if request.quorum is not None else None
-        scale_id = self._next_op_id + (presence_id is not None) if scaled else None
+        first = self._next_op_id  # the call's first wire operation: its presence or scale pass, if any
+        presence_id = first if request.quorum is not None else None
+        scale_id = first + (presence_id is not None) if scaled else None
         self._next_op_id += 1 + (presence_id is not None) + (scale_id is not None)
         op_id = self._next_op_id - 1
-        first = min(i for i in (presence_id, scale_id, op_id) if i is not None)
         refusal = self._refusal(op_id, request.kind)
         if refusal is not None:
             return op_id, [OperationFailed(op_id, refusal)]
