@@ -1713,3 +1713,17 @@ def test_a_prepared_unencodable_input_fails_at_start_and_keeps_op_ids_aligned() 
     (error,) = failures(out)
     assert error.code is ErrorCode.OVERFLOW and error.op_id == op_id
     assert rig.start(int_request([1]))[0] == op_id + 1
+
+
+def test_a_prepared_operation_starts_sized_as_a_direct_one_over_the_members_of_now() -> None:
+    """start() keeps prepare()'s sizing and only takes the members of the moment."""
+    request = int_request(list(range(10)))
+    direct, planned = joined(), joined()
+    prepared = planned.machine.prepare(request)
+    assert prepared.operation.members == frozenset()  # prepare() does not know them yet
+    direct_id, _ = direct.start(request)
+    planned_id, _ = planned.machine.start(request, planned.now, prepared)
+    ours, theirs = planned.machine._ops[planned_id], direct.machine._ops[direct_id]
+    fields = ("total", "chunk_elements", "chunks", "members")
+    assert [getattr(ours, f) for f in fields] == [getattr(theirs, f) for f in fields]
+    assert ours.members == planned.machine.members
