@@ -45,7 +45,7 @@ from cco.nodes.events import (
     TimerFired,
 )
 from cco.nodes.fsm import TransitionTable
-from cco.nodes.operation import OperationState, Quorum
+from cco.nodes.operation import OperationState, Quorum, source_of
 from cco.wire import payload
 from cco.wire.blockscale import SCALE_MAX
 from cco.wire.dtypes import ELEMENT_TYPES
@@ -1727,3 +1727,20 @@ def test_a_prepared_operation_starts_sized_as_a_direct_one_over_the_members_of_n
     fields = ("total", "chunk_elements", "chunks", "members")
     assert [getattr(ours, f) for f in fields] == [getattr(theirs, f) for f in fields]
     assert ours.members == planned.machine.members
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.ones((), dtype=np.float32),
+        np.arange(12, dtype=np.int32).reshape(3, 4),
+        np.arange(12, dtype=np.int32).reshape(3, 4).T,  # not C-contiguous: copied
+        np.arange(12, dtype=np.int64)[::2],
+        np.zeros((0, 3), dtype=np.float64),
+    ],
+)
+def test_the_source_is_the_input_flattened_a_view_when_it_can_be(array: np.ndarray) -> None:
+    source = source_of(array)
+    assert source.shape == (array.size,) and source.dtype == array.dtype and source.flags.c_contiguous
+    assert np.array_equal(source, np.ascontiguousarray(array).reshape(-1))
+    assert np.shares_memory(source, array) == (array.flags.c_contiguous and array.size > 0)

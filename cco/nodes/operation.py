@@ -362,7 +362,7 @@ def source_of(array: np.ndarray | None) -> np.ndarray:
     copy only if it is not C-contiguous); a BARRIER sends no elements."""
     if array is None:
         return np.zeros(0, dtype=ELEMENT_TYPES[DType.INT8].storage)
-    return np.ascontiguousarray(array).reshape(-1)
+    return array.ravel()  # a view when C-contiguous, else a C-order copy
 
 
 def placement(kind: Collective, dtype: DType, source: np.ndarray | None, rank: int, exact: bool) -> range:
