@@ -160,6 +160,9 @@ _READY = SessionState.READY
 _BARRIER, _BROADCAST = Collective.BARRIER, Collective.BROADCAST
 _ALL_GATHER, _REDUCE_SCATTER = Collective.ALL_GATHER, Collective.REDUCE_SCATTER
 _BLOCK_SCALED = Form.BLOCK_SCALED
+# What _on_parent narrows a data message to, as tuples: ``A | B`` builds a union object per call.
+_FROM_PARENT = (Result, BroadcastData, Abort, RetransmitRequest, ChunkAck)
+_FOR_AN_OPERATION = (Result, BroadcastData, Abort)
 
 
 @dataclass(slots=True)
@@ -782,12 +785,12 @@ class EndpointMachine:
             return self._fail_all(
                 message.code, f"parent {self._parent_node} refused our data: {message.detail}", None
             )
-        assert isinstance(message, Result | BroadcastData | Abort | RetransmitRequest | ChunkAck)
+        assert isinstance(message, _FROM_PARENT)
         if isinstance(message, ChunkAck) or message.group_id != self.config.group_id:
             return []  # a Result is the acknowledgement; another session's traffic
         if isinstance(message, RetransmitRequest):
             return self._send_again(message, now)
-        assert isinstance(message, Result | BroadcastData | Abort)
+        assert isinstance(message, _FOR_AN_OPERATION)
         op = self._ops.get(message.op_id)
         if op is None:
             if message.op_id >= self._next_op_id and self._early_count < self.config.early_limit:
