@@ -62,6 +62,7 @@ from cco.nodes.aggregator_states import (
     NodeState,
     SlotState,
 )
+from cco.nodes.deadlines import earlier
 from cco.nodes.events import (
     ClosePeer,
     Command,
@@ -251,11 +252,6 @@ def fingerprint(message: ChunkMessage) -> bytes:
     return digest + zlib.crc32(message.payload).to_bytes(4, "big")
 
 
-def _earlier(earliest: float | None, time: float) -> float:
-    """The earlier of a running minimum (None: nothing yet) and ``time``."""
-    return time if earliest is None or time < earliest else earliest
-
-
 def _retype(message: ChunkMessage, cls: type[ChunkMessage]) -> ChunkMessage:
     """The same chunk as another message class (a lone part becomes the aggregate)."""
     if type(message) is cls:
@@ -385,19 +381,19 @@ class AggregatorMachine:
         round of a four-rank group), so this is one pass that builds no lists."""
         earliest = self._grace_until
         if self._rendezvous is not None and self._heartbeat_interval:
-            earliest = _earlier(earliest, self._last_heard + 3 * self._heartbeat_interval)
+            earliest = earlier(earliest, self._last_heard + 3 * self._heartbeat_interval)
             if self._next_heartbeat is not None:
-                earliest = _earlier(earliest, self._next_heartbeat)
+                earliest = earlier(earliest, self._next_heartbeat)
         for queue in chain(self._pending.values(), self._unconnected.values()):
             if queue:
-                earliest = _earlier(earliest, queue[0].arrived + self.config.pending_timeout)
+                earliest = earlier(earliest, queue[0].arrived + self.config.pending_timeout)
         for group in self._groups.values():
             if group.retry_at is not None:
-                earliest = _earlier(earliest, group.retry_at)
+                earliest = earlier(earliest, group.retry_at)
             if group.slots:
                 half_timeout = group.timeout / 2
                 for slot in group.slots.values():
-                    earliest = _earlier(earliest, slot.next_timer(half_timeout))
+                    earliest = earlier(earliest, slot.next_timer(half_timeout))
         return earliest
 
     def handle(self, event: Input, now: float) -> list[Command]:

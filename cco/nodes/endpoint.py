@@ -55,6 +55,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cco.nodes.calls import TREE_FAILURES, CollectiveRequest, EndpointConfig, OperationError
+from cco.nodes.deadlines import earlier
 from cco.nodes.endpoint_states import (
     ABORTED,
     ALL_SENT,
@@ -122,6 +123,7 @@ from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap
 from cco.wire.mac import CoefficientCache
 from cco.wire.messages import (
     MAX_TOTAL_ELEMENTS,
+    ROOTED_KINDS,
     Abort,
     BroadcastData,
     ChunkAck,
@@ -152,7 +154,6 @@ _HELD_BACK = (OperationState.QUEUED, OperationState.SENDING)
 # EnumType.__getattr__, and a plain Enum hashes in Python, so the per-round checks test
 # identity against these tuples instead of building tuples or consulting the table.
 _STARTABLE = tuple(state for state in SessionState if SESSION_TABLE.allows(state, START))
-_ROOTED = (Collective.REDUCE, Collective.BROADCAST)  # the collectives that take a root
 _WHOLE_GROUP = (Collective.ALL_GATHER, Collective.REDUCE_SCATTER)  # need every rank
 # The members the per-round paths test, for the same reason: a lookup through
 # EnumType.__getattr__ costs some 900 instructions, a module constant a dict lookup.
@@ -201,11 +202,6 @@ class Prepared:
 _NUMPY_DTYPES: dict[np.dtype[np.generic], DType] = {
     t.storage: code for code, t in ELEMENT_TYPES.items() if code is not DType.BFLOAT16
 }
-
-
-def _earlier(earliest: float | None, time: float) -> float:
-    """The earlier of a running minimum (None: nothing yet) and ``time``."""
-    return time if earliest is None or time < earliest else earliest
 
 
 # --- the machine ------------------------------------------------------------------
@@ -488,15 +484,14 @@ class EndpointMachine:
         I/O layer asks after every input, so this is one pass that builds no lists."""
         earliest = self._retry_at
         if self._rendezvous is not None and self._next_heartbeat is not None and self._params is not None:
-            earliest = _earlier(earliest, self._next_heartbeat)
-            silence = 3 * (self._params.heartbeat_interval_ms / 1000)  # as _on_timer, without the property
-            earliest = _earlier(earliest, self._last_heard + silence)
+            earliest = earlier(earliest, self._next_heartbeat)
+            earliest = earlier(earliest, self._last_heard + 3 * self._heartbeat_interval)
         if self._detached_at is not None:
-            earliest = _earlier(earliest, self._detached_at + self.config.rendezvous_grace)
+            earliest = earlier(earliest, self._detached_at + self.config.rendezvous_grace)
         for op in self._ops.values():
-            earliest = _earlier(earliest, op.deadline)
+            earliest = earlier(earliest, op.deadline)
             if op.outstanding:
-                earliest = _earlier(earliest, min(op.outstanding.values()) + op.timeout / 2)
+                earliest = earlier(earliest, min(op.outstanding.values()) + op.timeout / 2)
         return earliest
 
     def handle(self, event: Input, now: float) -> list[Command]:
@@ -1205,9 +1200,8 @@ class EndpointMachine:
         return self._params.heartbeat_interval_ms / 1000
 
     def _default_timeout(self) -> float:
-        params = self._params
-        assert params is not None
-        return params.operation_timeout_ms / 1000 + params.heartbeat_interval_ms / 1000
+        assert self._params is not None
+        return self._params.operation_timeout_ms / 1000 + self._heartbeat_interval
 
     def _on_timer(self, now: float) -> list[Command]:
         out: list[Command] = []
@@ -1256,7 +1250,7 @@ class EndpointMachine:
         """The call's dtype, op and root, and its array as numpy (None if it has none)."""
         kind = request.kind
         world = self._world_size
-        needs_root = kind in _ROOTED
+        needs_root = kind in ROOTED_KINDS
         if needs_root != (request.root is not None):
             raise CcoError(
                 ErrorCode.INVALID_FIELD, f"{kind.name} {'needs' if needs_root else 'takes no'} root"

@@ -25,19 +25,17 @@ import hmac
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
-from operator import mul
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from cco.wire.modp import BLOCK, SMALL_BLOCK, WORD_MASK, InnerProduct, P, prepare
+from cco.wire.modp import BLOCK, SMALL_BLOCK, WORD_MASK, InnerProduct, P, mask_words, prepare, small_sum
 
 KEY_SIZE = 32
 INFO_K1 = b"cco/1 mac k1"
 INFO_K2 = b"cco/1 mac k2"
 _CTR_FROM_ZERO = modes.CTR(bytes(16))
 _ZEROS = bytes(8 * BLOCK)
-_WORD_MASK = np.uint64(WORD_MASK)
 DEFAULT_CACHE_BYTES = 16 << 20
 """What a :class:`CoefficientCache` holds at most unless told otherwise: the
 coefficients of one chunk of the largest size (2^20 elements) split into limbs, or of
@@ -316,11 +314,10 @@ def _small_inner_product(
         (words,) = kept
     else:
         encryptor = Cipher(algorithms.AES(coefficient_key(keys, chunk_id)), _CTR_FROM_ZERO).encryptor()
-        words = np.bitwise_and(np.frombuffer(encryptor.update(_ZEROS[: 8 * n]), dtype="<u8"), _WORD_MASK)
+        words = mask_words(np.frombuffer(encryptor.update(_ZEROS[: 8 * n]), dtype="<u8"))
         if keep is not None:
             keep.keep(keys, chunk_id, [words])
-    product: int = sum(map(mul, words.tolist(), values.tolist()))
-    return product % P
+    return small_sum(words, values) % P
 
 
 def contribution_tag(

@@ -86,9 +86,8 @@ class InnerProduct:
             return
         if m > BLOCK or len(words) != m:
             raise ValueError("a block must hold at most BLOCK elements and one word per element")
-        if m <= SMALL_BLOCK:  # one numpy pass masks the words, then the loop runs in C
-            coefficients = np.bitwise_and(words, _WORD_MASK).tolist()
-            self._total = (self._total + sum(map(mul, coefficients, values.tolist()))) % P
+        if m <= SMALL_BLOCK:
+            self._total = (self._total + small_sum(mask_words(words), values)) % P
             return
         compiled = kernels.compiled_sums(self._width)
         sums = None if compiled is None else kernels.run(compiled, words, values)
@@ -127,6 +126,18 @@ class InnerProduct:
     def result(self) -> int:
         """The inner product mod p, in [0, p)."""
         return self._total
+
+
+def mask_words(words: np.ndarray) -> np.ndarray:
+    """Keystream words mod 2^61 (uint64), in one numpy pass."""
+    masked: np.ndarray = np.bitwise_and(words, _WORD_MASK)
+    return masked
+
+
+def small_sum(coefficients: np.ndarray, values: np.ndarray) -> int:
+    """sum_j u_j y_j of a block of at most ``SMALL_BLOCK`` elements, in Python integers
+    (exact; the loop runs in C): for so few, cheaper than the limb path's numpy calls."""
+    return sum(map(mul, coefficients.tolist(), values.tolist()))
 
 
 def prepare(words: np.ndarray, width: int) -> np.ndarray:
