@@ -16,7 +16,6 @@ import os
 import sys
 from pathlib import Path
 
-from cco.config import add_arguments, resolve
 from cco.wire.errors import CcoError
 from cco.wire.registries import Role
 
@@ -28,6 +27,10 @@ class UsageError(Exception):
 
 
 def node_parser() -> argparse.ArgumentParser:
+    # Imported here, not at the top: cco.config loads the wire layer and with it
+    # numpy, which must wait for single_threaded_numerics() (see main).
+    from cco.config import add_arguments
+
     parser = argparse.ArgumentParser(
         prog="cco-node",
         description="Run a CCO node (rendezvous, aggregator or endpoint) over QUIC.",
@@ -80,11 +83,13 @@ def _certs(argv: list[str]) -> int:
 def single_threaded_numerics() -> None:
     """One BLAS thread per node process, unless the environment says otherwise.
 
-    A node is one event loop on one thread; the MAC's matrix products are a few
-    hundred microseconds each, too short to gain from BLAS threads, which then only
-    spin against the node's own loop and its neighbours on the same cores
-    (on two busy cores, tagging a 64 Ki-element chunk took 19.6 ms with OpenBLAS's
-    default threads, 13.5 ms with one).  Must run before numpy is first imported."""
+    A node is one event loop on one thread, and its array work is too short to gain
+    from BLAS threads, which then only spin against the node's own loop and its
+    neighbours on the same cores (when the MAC still used float products, tagging a
+    64 Ki-element chunk on two busy cores took 19.6 ms with OpenBLAS's default
+    threads and 13.5 ms with one).  Must run before numpy is first imported:
+    OpenBLAS sizes its thread pool when it is loaded, so this module imports
+    nothing that loads numpy until :func:`main` has called this."""
     for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(name, "1")
 
@@ -99,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return demo_main(argv[1:])
         single_threaded_numerics()
+        from cco.config import resolve
         from cco.services.roles import run_role
 
         return run_role(resolve(node_parser().parse_args(argv)))

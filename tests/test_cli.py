@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -150,3 +151,26 @@ def test_entry_point_help_runs() -> None:
         [sys.executable, "-m", "cco.cli", "demo", "--help"], capture_output=True, text=True
     )
     assert result.returncode == 0 and "--endpoints" in result.stdout
+
+
+def test_importing_the_entry_point_leaves_numpy_unloaded() -> None:
+    """``cco-node`` sets one BLAS thread in ``main``; that only works while nothing
+    the entry module imports has loaded numpy (and OpenBLAS sized its pool)."""
+    code = "import sys, cco.cli; print('numpy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in Linux's /proc")
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="on one core OpenBLAS starts no threads anyway")
+def test_a_node_process_runs_numpy_with_one_blas_thread() -> None:
+    code = (
+        "import os, cco.cli\n"
+        "cco.cli.single_threaded_numerics()\n"  # as main() does before loading a role
+        "import numpy\n"
+        "print(len(os.listdir('/proc/self/task')))\n"
+    )
+    environ = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    command = [sys.executable, "-c", code]
+    out = subprocess.run(command, capture_output=True, text=True, check=True, env=environ)
+    assert out.stdout.strip() == "1"
