@@ -38,6 +38,7 @@ from cco.nodes.events import Command, Joined, JoinFailed, OperationCompleted, Op
 from cco.nodes.operation import Quorum
 from cco.nodes.rendezvous import FALLBACK_LABEL
 from cco.services.node import NodeService, Redialer
+from cco.services.polling import event_loop_factory
 from cco.transport import TransportConfig
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.messages import Address
@@ -468,9 +469,18 @@ class BlockingCommunicator:
     """
 
     def __init__(
-        self, spec: GroupSpec, node_id: str, transport: TransportConfig, timeout: float = DEFAULT_JOIN_TIMEOUT
+        self,
+        spec: GroupSpec,
+        node_id: str,
+        transport: TransportConfig,
+        timeout: float = DEFAULT_JOIN_TIMEOUT,
+        *,
+        busy_poll_us: int = 0,
     ) -> None:
-        self._loop = asyncio.new_event_loop()
+        """``busy_poll_us``: how long the session's loop keeps polling for datagrams
+        before it sleeps (:mod:`cco.services.polling`): shorter small collectives
+        where waking a sleeping thread is slow, for that much CPU after each."""
+        self._loop = event_loop_factory(busy_poll_us)()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"cco-{node_id}", daemon=True)
         self._thread.start()
         try:
@@ -480,9 +490,12 @@ class BlockingCommunicator:
             raise
 
     @classmethod
-    def from_pki(cls, spec: GroupSpec, node_id: str, pki_dir: Path, **transport: Any) -> BlockingCommunicator:
+    def from_pki(
+        cls, spec: GroupSpec, node_id: str, pki_dir: Path, *, busy_poll_us: int = 0, **transport: Any
+    ) -> BlockingCommunicator:
         """Join with the credentials ``cco-node certs`` wrote for ``node_id`` in ``pki_dir``."""
-        return cls(spec, node_id, TransportConfig.for_node(pki_dir, node_id, **transport))
+        config = TransportConfig.for_node(pki_dir, node_id, **transport)
+        return cls(spec, node_id, config, busy_poll_us=busy_poll_us)
 
     @property
     def rank(self) -> int:

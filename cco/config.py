@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cco.services.polling import MAX_BUSY_POLL_US
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import Struct, UInt
 from cco.wire.messages import AggregatorRegister, GroupParams, JoinRequest
@@ -63,6 +64,15 @@ class Option:
     never starts with a value it could not send (and would only learn so later)."""
     minimum: int | None = None
     """For a count or a duration that is not sent: the least value that means anything."""
+    maximum: int | None = None
+    """For such a value: the largest accepted."""
+    role_defaults: Mapping[str, Any] | None = None
+    """Where the default differs by role: the role's default (``default`` for the others)."""
+
+    def default_for(self, role: str) -> Any:
+        if self.role_defaults is not None and role in self.role_defaults:
+            return self.role_defaults[role]
+        return self.default
 
     @property
     def bounds(self) -> tuple[int, int] | None:
@@ -231,6 +241,17 @@ OPTIONS: tuple[Option, ...] = (
         "qh3",
         str,
     ),
+    Option(
+        "busy_poll_us",
+        "microseconds the event loop keeps polling for datagrams before it sleeps, yielding its "
+        "core to any other process that wants it: collectives finish sooner where waking a "
+        "sleeping process is slow (virtual machines), for CPU spent polling; 0 sleeps at once",
+        1000,
+        int,
+        minimum=0,
+        maximum=MAX_BUSY_POLL_US,
+        role_defaults={R: 0},
+    ),
     Option("qlog_dir", "write qlog traces to this directory", None, Path),
     Option("keylog_file", "append TLS secrets to this file (for Wireshark)", None, Path),
     Option("log_level", "logging level (debug, info, warning, error)", "info", str),
@@ -272,9 +293,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         roles = "" if len(option.roles) == 3 else f" [{'/'.join(option.roles)}]"
         if option.bounds is not None:
             bounds = f" ({option.bounds[0]} to {option.bounds[1]})"
+        elif option.minimum is not None and option.maximum is not None:
+            bounds = f" ({option.minimum} to {option.maximum})"
         else:
             bounds = "" if option.minimum is None else f" (at least {option.minimum})"
-        default = "" if option.default in (None, ()) else f" (default: {option.default})"
+        default = "" if option.default in (None, ()) else f" (default: {option.default}"
+        for role, value in (option.role_defaults or {}).items():
+            default += f"; {value} for the {role}"
+        default += ")" if default else ""
         parser.add_argument(
             option.flag,
             dest=option.name,
@@ -313,7 +339,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
             if not isinstance(raw, str):
                 raw = ",".join(raw) if isinstance(raw, list) else str(raw)
         if raw is None:
-            values[option.name] = option.default
+            values[option.name] = option.default_for(role)
             continue
         try:
             value = option.parse(raw)
@@ -329,5 +355,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
             )
         if option.minimum is not None and value < option.minimum:
             raise CcoError(ErrorCode.INVALID_FIELD, f"{source}: {value} is below {option.minimum}")
+        if option.maximum is not None and value > option.maximum:
+            raise CcoError(ErrorCode.INVALID_FIELD, f"{source}: {value} is above {option.maximum}")
         values[option.name] = value
     return NodeConfig(role=role, values=values)

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from cco.cli import main, node_parser
-from cco.config import OPTIONS, Option, resolve
+from cco.config import OPTIONS, NodeConfig, Option, resolve
 from cco.transport import identity_from_certificate
 from cco.transport.certs import load_certificate
 from cco.wire.errors import CcoError
 from cco.wire.registries import Role
 
 
-def _resolve(argv: list[str], environ: dict[str, str] | None = None) -> object:
+def _resolve(argv: list[str], environ: dict[str, str] | None = None) -> NodeConfig:
     return resolve(node_parser().parse_args(argv), environ or {})
 
 
@@ -93,10 +93,38 @@ def test_a_count_below_its_least_meaningful_value_is_refused(option: Option) -> 
     with pytest.raises(CcoError) as info:
         _resolve(["--role", role], {option.env: str(option.minimum - 1)})
     assert info.value.detail == f"{option.env}: {option.minimum - 1} is below {option.minimum}"
+    entry = _help_entry(option)
+    if option.maximum is None:
+        assert f"(at least {option.minimum})" in entry
+    else:
+        assert f"({option.minimum} to {option.maximum})" in entry
+
+
+def _help_entry(option: Option) -> str:
     text = " ".join(node_parser().format_help().split())
     start = text.index(f"{option.flag} {option.name.upper()} ")
-    entry = text[start : text.index(f"env {option.env}", start)]
-    assert f"(at least {option.minimum})" in entry
+    return text[start : text.index(f"env {option.env}", start)]
+
+
+CAPPED = [option for option in OPTIONS if option.maximum is not None]
+
+
+@pytest.mark.parametrize("option", CAPPED, ids=[option.name for option in CAPPED])
+def test_a_value_above_its_largest_accepted_is_refused(option: Option, tmp_path: Path) -> None:
+    assert option.maximum is not None
+    role = option.roles[0]
+    resolved = _resolve(["--role", role, option.flag, str(option.maximum)])
+    assert getattr(resolved, option.name) == option.maximum
+    config = tmp_path / "node.toml"
+    config.write_text(f'role = "{role}"\n{option.name} = {option.maximum + 1}\n')
+    for argv, environ, source in (
+        (["--role", role, option.flag, str(option.maximum + 1)], {}, option.flag),
+        (["--role", role], {option.env: str(option.maximum + 1)}, option.env),
+        (["--config", str(config)], {}, f"{config}:{option.name}"),
+    ):
+        with pytest.raises(CcoError) as info:
+            _resolve(argv, environ)
+        assert info.value.detail == f"{source}: {option.maximum + 1} is above {option.maximum}"
 
 
 @pytest.mark.parametrize("name", ["listen", "advertise", "rendezvous"])
@@ -174,3 +202,16 @@ def test_a_node_process_runs_numpy_with_one_blas_thread() -> None:
     command = [sys.executable, "-c", code]
     out = subprocess.run(command, capture_output=True, text=True, check=True, env=environ)
     assert out.stdout.strip() == "1"
+
+
+def test_the_datapath_roles_busy_poll_by_default_and_the_rendezvous_does_not() -> None:
+    """Aggregators and endpoints exist to move datagrams; the rendezvous answers
+    heartbeats, where polling after each would only spend CPU (``--busy-poll-us``)."""
+    assert _resolve(["--role", "aggregator"]).busy_poll_us == 1000
+    assert _resolve(["--role", "endpoint"]).busy_poll_us == 1000
+    assert _resolve(["--role", "rendezvous"]).busy_poll_us == 0
+    assert _resolve(["--role", "rendezvous", "--busy-poll-us", "50"]).busy_poll_us == 50
+    assert _resolve(["--role", "endpoint"], {"CCO_BUSY_POLL_US": "0"}).busy_poll_us == 0
+    assert "(default: 1000; 0 for the rendezvous)" in _help_entry(
+        next(option for option in OPTIONS if option.name == "busy_poll_us")
+    )

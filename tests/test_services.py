@@ -22,6 +22,7 @@ from cco.nodes.calls import OperationError
 from cco.nodes.events import Command, ConnectTo, Input, PeerDisconnected, TimerFired
 from cco.nodes.rendezvous import RendezvousConfig, RendezvousMachine
 from cco.services.node import NodeService
+from cco.services.polling import PollingSelector
 from cco.services.runner import MachineRunner
 from cco.transport import PeerLink, TransportConfig, connect, create_dev_pki
 from cco.transport.handshake import LocalIdentity
@@ -240,7 +241,8 @@ def test_timeout_names_the_missing_rank(pki: Path) -> None:
     run(scenario)
 
 
-def test_blocking_api_and_non_blocking_handles(pki: Path) -> None:
+@pytest.mark.parametrize("busy_poll_us", [0, 2000])
+def test_blocking_api_and_non_blocking_handles(pki: Path, busy_poll_us: int) -> None:
     async def start() -> Cluster:
         cluster = Cluster(pki, aggregators=1)
         await cluster.start()
@@ -255,7 +257,9 @@ def test_blocking_api_and_non_blocking_handles(pki: Path) -> None:
         comms: list[BlockingCommunicator] = [None, None]
 
         def join(i: int) -> None:
-            comms[i] = BlockingCommunicator(spec, f"b-{i}", cluster.transport(f"b-{i}"), timeout=20)
+            comms[i] = BlockingCommunicator(
+                spec, f"b-{i}", cluster.transport(f"b-{i}"), timeout=20, busy_poll_us=busy_poll_us
+            )
 
         threads = [threading.Thread(target=join, args=(i,)) for i in range(2)]
         for t in threads:
@@ -263,6 +267,8 @@ def test_blocking_api_and_non_blocking_handles(pki: Path) -> None:
         for t in threads:
             t.join(30)
         assert all(c is not None for c in comms)
+        polling = [isinstance(c._loop._selector, PollingSelector) for c in comms]  # type: ignore[attr-defined]
+        assert polling == [busy_poll_us > 0] * 2
         handles = [
             c.start_all_reduce(np.full(8, c.rank + 1.5, dtype=np.float32), ReduceOp.AVG) for c in comms
         ]

@@ -34,6 +34,7 @@ from cco.nodes.calls import CollectiveRequest
 from cco.nodes.operation import Quorum
 from cco.nodes.rendezvous import GroupConfig, RendezvousConfig, RendezvousMachine
 from cco.services.node import NodeService, Redialer
+from cco.services.polling import event_loop_factory
 from cco.services.store import (
     PersistentRendezvous,
     RendezvousStore,
@@ -489,7 +490,10 @@ def run_role(cfg: NodeConfig) -> int:
         stream=sys.stderr,
     )
     settle_heap()
-    return asyncio.run(ROLE_MAINS[cfg.role](cfg))
+    if cfg.busy_poll_us:
+        log.info("event loop polls %d us before it sleeps", cfg.busy_poll_us)
+    with asyncio.Runner(loop_factory=event_loop_factory(cfg.busy_poll_us)) as runner:
+        return runner.run(ROLE_MAINS[cfg.role](cfg))
 
 
 def settle_heap() -> None:
