@@ -12,6 +12,10 @@ from the measured one, which removes start-up and joining), and writes JSON.
 
     python benchmarks/bench_latency.py --dtypes float32 int32 --rounds 300 --repeats 2
     python benchmarks/bench_latency.py --dtypes float32 --endpoints 1 2 4   # how it scales
+    python benchmarks/bench_latency.py --dtypes float32 --busy-poll-us 0 1000  # polling's share
+
+With busy polling (the aggregator's and the endpoints' default), a node's CPU per
+round includes the time it polled for the next datagram.
 """
 
 from __future__ import annotations
@@ -31,10 +35,16 @@ RESULTS = Path(__file__).resolve().parent / "results"
 BASELINE_ROUNDS = 10
 
 
-def measure(dtype: str, elements: int, rounds: int, endpoints: int, workdir: Path) -> dict[str, Any]:
+def measure(
+    dtype: str, elements: int, rounds: int, endpoints: int, busy_poll_us: int | None, workdir: Path
+) -> dict[str, Any]:
     """One cluster: a short run, then ``rounds`` rounds; per-round figures of the second."""
     settings = netns.CcoSettings(
-        max_datagram_size=16000, operation_timeout_ms=600_000, heartbeat_ms=20_000, dtype=dtype
+        max_datagram_size=16000,
+        operation_timeout_ms=600_000,
+        heartbeat_ms=20_000,
+        dtype=dtype,
+        busy_poll_us=busy_poll_us,
     )
     with netns.CcoCluster(None, workdir, endpoints, settings) as cluster:
         cluster.start()
@@ -52,6 +62,7 @@ def measure(dtype: str, elements: int, rounds: int, endpoints: int, workdir: Pat
     return {
         "dtype": dtype,
         "endpoints": endpoints,
+        "busy_poll_us": busy_poll_us,
         "elements": elements,
         "rounds": rounds,
         "p50_seconds": percentile(times, 50),
@@ -60,6 +71,11 @@ def measure(dtype: str, elements: int, rounds: int, endpoints: int, workdir: Pat
         "aggregator_cpu_per_round": (agg_long - agg_short) / extra,
         "endpoint_cpu_per_round": (sum(run.cpu_seconds) - sum(short.cpu_seconds)) / endpoints / extra,
     }
+
+
+def _label(dtype: str, endpoints: int, busy_poll_us: int | None) -> str:
+    polling = "" if busy_poll_us is None else f"  busy-poll {busy_poll_us:>4} us"
+    return f"{dtype:8} N={endpoints}{polling}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,18 +88,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--endpoints", type=int, nargs="+", default=[4], help="group sizes (endpoint processes), alternated"
     )
+    parser.add_argument(
+        "--busy-poll-us",
+        type=int,
+        nargs="+",
+        default=[None],
+        help="every node's --busy-poll-us, alternated (default: the nodes' own)",
+    )
     parser.add_argument("--repeats", type=int, default=2, help="passes over the dtypes, alternated")
     parser.add_argument("--out", type=Path, default=RESULTS / "latency.json")
     args = parser.parse_args(argv)
+    cases = [(d, n, b) for d in args.dtypes for n in args.endpoints for b in args.busy_poll_us]
     results = []
     with tempfile.TemporaryDirectory(prefix="cco-latency-") as tmp:
         for repeat in range(args.repeats):
-            for dtype, endpoints in [(d, n) for d in args.dtypes for n in args.endpoints]:
-                workdir = Path(tmp) / f"{dtype}-{endpoints}-{repeat}"
-                result = measure(dtype, args.elements, args.rounds, endpoints, workdir)
+            for dtype, endpoints, polling in cases:
+                workdir = Path(tmp) / f"{dtype}-{endpoints}-{polling}-{repeat}"
+                result = measure(dtype, args.elements, args.rounds, endpoints, polling, workdir)
                 results.append(result)
                 print(
-                    f"{dtype:8} N={endpoints}  p50 {result['p50_seconds'] * 1e3:6.2f} ms"
+                    f"{_label(dtype, endpoints, polling)}  p50 {result['p50_seconds'] * 1e3:6.2f} ms"
                     f"  p99 {result['p99_seconds'] * 1e3:6.2f} ms"
                     f"  from the last call p50 {result['from_last_call_p50_seconds'] * 1e3:5.2f} ms"
                     f"  CPU per round:"
@@ -91,9 +115,11 @@ def main(argv: list[str] | None = None) -> int:
                     f" endpoint {result['endpoint_cpu_per_round'] * 1e3:5.2f} ms",
                     flush=True,
                 )
-    for dtype, endpoints in [(d, n) for d in args.dtypes for n in args.endpoints]:
-        p50s = [r["p50_seconds"] * 1e3 for r in results if (r["dtype"], r["endpoints"]) == (dtype, endpoints)]
-        print(f"{dtype:8} N={endpoints}  median p50 over {len(p50s)} runs: {statistics.median(p50s):.2f} ms")
+    for case in cases:
+        p50s = [
+            r["p50_seconds"] * 1e3 for r in results if (r["dtype"], r["endpoints"], r["busy_poll_us"]) == case
+        ]
+        print(f"{_label(*case)}  median p50 over {len(p50s)} runs: {statistics.median(p50s):.2f} ms")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"results": results}, indent=2) + "\n")
     print(f"wrote {args.out}")

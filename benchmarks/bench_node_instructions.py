@@ -9,6 +9,8 @@ instructions that process executes whatever the host is doing: a figure that two
 versions of the code can be compared on without alternating runs.  The count is of
 user space only (the kernel's share of a system call is not in it), and moves by
 about 3% between runs, with the order in which datagrams meet the event loops.
+Every node runs with ``--busy-poll-us 0``: polling while waiting would add
+instructions that count the wait, not the work.
 
 Every node is started through this file, which hands the chosen one to valgrind and
 runs the others as ``cco-node``.  Endpoints are new processes for each run of the
@@ -132,6 +134,7 @@ def measure(node: str, short_rounds: int, long_rounds: int, workdir: Path) -> fl
         operation_timeout_ms=600_000,
         heartbeat_ms=20_000,
         dtype="float32",
+        busy_poll_us=0,  # count the round's work, not the polls while waiting for it
         launcher=Path(__file__).resolve(),
     )
     counts: list[int] = []

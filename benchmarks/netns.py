@@ -380,6 +380,9 @@ class CcoSettings:
     """Every node's QUIC implementation (``--quic-backend``); None: the node default."""
     dtype: str | None = None
     """The endpoints' workload element type (``--dtype``); None: float32, its default."""
+    busy_poll_us: int | None = None
+    """Every node's ``--busy-poll-us``; None: each role's default (polling in the
+    aggregator and the endpoints, none in the rendezvous)."""
     launcher: Path | None = None
     """A script every node runs through instead of ``python -m cco.cli`` (it ends in
     ``cco.cli.main``), such as ``bench_round_trace.py``'s stamps; ``untagged`` still
@@ -396,6 +399,7 @@ class CcoSettings:
 
     def common_args(self) -> list[str]:
         args = [*_flag("max-datagram-size", self.max_datagram_size), "--log-level", self.log_level]
+        args += _flag("busy-poll-us", self.busy_poll_us)
         return args + (["--quic-backend", self.quic_backend] if self.quic_backend else [])
 
 
@@ -606,6 +610,10 @@ class CcoCluster:
     def aggregator_pid(self) -> int:
         """The aggregator's process id (its launcher's, which may have exec'd another program)."""
         return dict(self._services)["agg-0"].pid
+
+    def service_pids(self) -> dict[str, int]:
+        """The running services' process ids (launchers' included), by name."""
+        return {name: process.pid for name, process in self._services}
 
     def aggregator_usage(self) -> dict[str, float]:
         """The aggregator's peak RSS (bytes) and CPU seconds so far, from /proc."""

@@ -14,7 +14,9 @@ CPU-bound figures.  Writes JSON and a PNG plot to ``benchmarks/results/``.
     python benchmarks/run.py --loopback --endpoints 4 --sizes 8 1048576 67108864
 
 CCO's nodes run on ``--quic-backend`` (default qh3, the nodes' own default; the bare
-stream of the CPU-efficiency figure uses the same stack).  Times are the slowest
+stream of the CPU-efficiency figure uses the same stack), and with their own
+``--busy-poll-us`` (aggregators and endpoints poll 1 ms before sleeping); the
+8-byte case is also run with every node sleeping at once, and reported beside.  Times are the slowest
 rank's per round.  The QUIC datagram size follows the MTU
 (MTU minus IPv6 and UDP headers: 9000 -> 8952, 1500 -> 1452; 16000 on loopback).
 Operation timeouts are generous (10 minutes) so slow runs are measured, not failed;
@@ -682,6 +684,16 @@ def quick(args: argparse.Namespace) -> dict[str, Any]:
         latency, usage_small = run_cco(
             net, [8], args.latency_rounds, tmp / "cco-latency", warmup=LATENCY_WARMUP
         )
+        asleep = netns.CcoSettings(
+            max_datagram_size=net.datagram,
+            operation_timeout_ms=OPERATION_TIMEOUT_MS,
+            heartbeat_ms=HEARTBEAT_MS,
+            quic_backend=backend,
+            busy_poll_us=0,
+        )
+        latency_asleep, _ = run_cco(
+            net, [8], args.latency_rounds, tmp / "cco-latency-asleep", asleep, warmup=LATENCY_WARMUP
+        )
         big, usage = run_cco(net, [64 * MiB], rounds, tmp / "cco-loopback")
         big_chunks, usage_chunks = run_cco(
             net, [64 * MiB], rounds, tmp / "cco-loopback-chunks", chunk_elements=FAST_LINK_CHUNK
@@ -693,6 +705,7 @@ def quick(args: argparse.Namespace) -> dict[str, Any]:
             else {}
         )
         runs.append({"network": net.describe(), "cco": latency, "gloo": gloo_lat, "aggregator": usage_small})
+        runs.append({"network": f"{net.describe()}, --busy-poll-us 0", "cco": latency_asleep})
         runs.append({"network": net.describe(), "cco": big, "gloo": gloo_lo, "aggregator": usage})
         runs.append(
             {
@@ -797,6 +810,14 @@ def quick(args: argparse.Namespace) -> dict[str, Any]:
                 None,
             )
         )
+        asleep_entry = latency_asleep[8]
+        if "failed" in asleep_entry:
+            figure = "not measured: failed"
+        else:
+            times = sorted(asleep_entry["round_seconds"])
+            figure = f"p50 {percentile(times, 50) * 1e3:.2f} / p99 {percentile(times, 99) * 1e3:.2f} ms"
+        name = "  the same, nodes sleeping at once (--busy-poll-us 0)"
+        targets.append(Target(name, "report", figure, None))
     trips = floor["round_seconds"]
     targets.append(
         Target(
