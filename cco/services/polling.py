@@ -33,7 +33,10 @@ that polling shortens."""
 
 def _give_way() -> None:
     """Let another runnable process have this core, if one wants it."""
-    os.sched_yield()
+    if hasattr(os, "sched_yield"):
+        os.sched_yield()
+    else:  # Windows: a zero sleep gives up the rest of the thread's time slice
+        time.sleep(0)
 
 
 class PollingSelector(selectors.DefaultSelector):
