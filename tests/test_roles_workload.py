@@ -1,7 +1,7 @@
 """The endpoint ``allreduce`` workload: a small run draws every input before its first
 call and hashes every result after its last, and only yields the core between calls;
 a large one hashes and draws between calls on a worker thread.  Both keep the same
-records."""
+records, and end with a barrier before they report."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from cco.client import PartialResult
+from cco.nodes.operation import Quorum
 from cco.services import roles
 from cco.wire.registries import DType, ReduceOp
 from cco.workload import make_input
@@ -35,9 +37,18 @@ class SummingComm:
         np.copyto(out, data * self.world_size)
         return out
 
+    async def all_reduce_quorum(
+        self, data: np.ndarray, op: ReduceOp, *, min_ranks: int, wait: float, **kw: Any
+    ) -> PartialResult:
+        result = await self.all_reduce(data, op, **kw)
+        return PartialResult(result, frozenset(range(self.world_size)))
+
+    async def barrier(self) -> None:
+        pass
+
 
 def run_rounds(
-    elements: int, rounds: int, monkeypatch: pytest.MonkeyPatch
+    elements: int, rounds: int, monkeypatch: pytest.MonkeyPatch, quorum: Quorum | None = None
 ) -> tuple[dict[str, Any], list[tuple[str, str, int]]]:
     """The workload's summary, and each draw, hash and ``sched_yield`` as (what,
     thread, calls made before it), the thread being "loop" or "worker"."""
@@ -56,7 +67,8 @@ def run_rounds(
     monkeypatch.setattr(roles, "make_input", noting("draw", roles.make_input))
     monkeypatch.setattr(roles, "_digest", noting("hash", roles._digest))
     monkeypatch.setattr(roles.os, "sched_yield", noting("yield", lambda: None))
-    summary = asyncio.run(roles._allreduce_rounds(comm, rounds, elements, DType.FLOAT32, None, None))  # type: ignore[arg-type]
+    monkeypatch.setattr(comm, "barrier", noting("barrier", comm.barrier))
+    summary = asyncio.run(roles._allreduce_rounds(comm, rounds, elements, DType.FLOAT32, None, quorum))  # type: ignore[arg-type]
     return summary, seen
 
 
@@ -74,7 +86,8 @@ def test_a_small_run_draws_before_its_first_call_and_hashes_after_its_last(
 ) -> None:
     summary, seen = run_rounds(elements, 3, monkeypatch)
     yields = [("yield", "loop", calls) for calls in range(3)]  # the core offered before each call
-    assert seen == [("draw", "loop", 0)] * 3 + yields + [("hash", "loop", 3)] * 3
+    # every rank has its last result before any rank hashes and reports
+    assert seen == [("draw", "loop", 0)] * 3 + yields + [("barrier", "loop", 3)] + [("hash", "loop", 3)] * 3
     check_records(summary, elements, 3)
 
 
@@ -88,8 +101,15 @@ def test_a_large_run_hashes_and_draws_between_calls_on_a_worker(monkeypatch: pyt
         ("hash", "worker", 2),
         ("draw", "worker", 2),
         ("hash", "worker", 3),
+        ("barrier", "loop", 3),
     ]
     check_records(summary, elements, 3)
+
+
+def test_a_quorum_run_does_not_wait_for_every_member_at_the_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    summary, seen = run_rounds(2, 3, monkeypatch, Quorum(min_ranks=2, wait=0.1))
+    assert [what for what, _, _ in seen] == ["draw"] * 3 + ["yield"] * 3 + ["hash"] * 3
+    assert [record["contributors"] for record in summary["rounds"]] == [[0, 1, 2]] * 3
 
 
 def test_no_rounds_draw_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
