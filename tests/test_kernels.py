@@ -173,6 +173,48 @@ print("numba" in sys.modules)
     assert out.stdout.split() == ["numba" if HAVE_NUMBA else "numpy", "False", str(HAVE_NUMBA)]
 
 
+@NEEDS_NUMBA
+def test_preloading_compiles_every_loop_a_run_then_uses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After :func:`kernels.preload`, all-reduces of every width and storage type the
+    payload layer hands the loops (over the in-memory cluster, each message encoded
+    and decoded) compile nothing more: a ``cco-node`` endpoint that preloads before
+    exempting its start-up objects from garbage collection meets no compile later."""
+    from cco.nodes.calls import CollectiveRequest
+    from cco.nodes.events import OperationCompleted
+    from cco.nodes.rendezvous import RendezvousConfig
+    from cco.nodes.sim import GroupSpec, build_cluster
+    from cco.wire.registries import Collective, ReduceOp
+
+    use("numba", monkeypatch)
+    assert kernels.preload()
+    loops = [kernels._compiled(kernels.offset_product_sums), kernels._compiled(kernels.scaled_back)]
+    preloaded = [list(loop.signatures) for loop in loops]  # type: ignore[union-attr]
+    group = bytes(range(16))
+    params = RendezvousConfig().params
+    cluster = build_cluster([GroupSpec(group, 3)], aggregators=1, params=params, max_fan_in=8)
+    rng = np.random.default_rng(7)
+    sums, avg, most = ReduceOp.SUM, ReduceOp.AVG, ReduceOp.MAX
+    cases = [(np.float32, None, sums), (np.float32, 16, avg), (np.float32, 8, sums)]
+    cases += [(np.float64, None, sums), (np.int32, None, sums), (np.float32, None, most)]
+    for dtype, width, op in cases:
+        for n in (SMALL_BLOCK + 1, 3000):
+            arrays = [(rng.standard_normal(n) * 100).astype(dtype) for _ in range(3)]
+            requests = {
+                rank: CollectiveRequest(kind=Collective.ALL_REDUCE, op=op, array=x, width=width)
+                for rank, x in enumerate(arrays)
+            }
+            outcomes = cluster.collective(group, requests)
+            assert all(isinstance(o, OperationCompleted) for o in outcomes.values()), outcomes
+    assert [list(loop.signatures) for loop in loops] == preloaded  # type: ignore[union-attr]
+
+
+def test_preloading_where_numpy_is_chosen_loads_nothing() -> None:
+    script = "import sys\nfrom cco.wire import kernels\nprint(kernels.preload(), 'numba' in sys.modules)"
+    env = {**os.environ, kernels.KERNELS_ENV: "numpy"}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
 # --- scaling a Result back -------------------------------------------------------------
 
 

@@ -38,6 +38,39 @@ def test_a_node_exempts_its_start_up_objects_but_not_what_it_makes_later(
 
     monkeypatch.setitem(roles.ROLE_MAINS, "endpoint", role_main)
     assert tracked(built_at_start)
-    assert roles.run_role(NodeConfig(role="endpoint", values={"log_level": "info", "busy_poll_us": 0})) == 0
+    values = {"log_level": "info", "busy_poll_us": 0, "elements": 2}
+    assert roles.run_role(NodeConfig(role="endpoint", values=values)) == 0
     assert seen == [False, True]
     assert gc.get_freeze_count() > 0
+
+
+@pytest.mark.parametrize(
+    ("role", "elements", "preloads"),
+    [
+        ("endpoint", 33, True),
+        ("endpoint", 32, False),
+        ("aggregator", 65536, False),
+        ("rendezvous", 65536, False),
+    ],
+)
+def test_an_endpoint_loads_its_compiled_loops_before_its_start_up_objects_are_exempted(
+    role: str, elements: int, preloads: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """numba's objects are then exempted with the rest of start-up.  An endpoint whose
+    workload's chunks are too small for the loops, the aggregators and the rendezvous
+    never run them, and never load them (numba adds some 110 MiB to a process)."""
+    order: list[str] = []
+
+    def preload() -> bool:
+        order.append("preload")
+        return True
+
+    async def role_main(cfg: NodeConfig) -> int:
+        return 0
+
+    monkeypatch.setattr(roles.kernels, "preload", preload)
+    monkeypatch.setattr(roles, "settle_heap", lambda: order.append("settle"))
+    monkeypatch.setitem(roles.ROLE_MAINS, role, role_main)
+    values = {"log_level": "info", "busy_poll_us": 0, "elements": elements}
+    assert roles.run_role(NodeConfig(role=role, values=values)) == 0
+    assert order == (["preload", "settle"] if preloads else ["settle"])

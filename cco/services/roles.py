@@ -44,6 +44,7 @@ from cco.services.store import (
 )
 from cco.transport import TransportConfig
 from cco.transport.certs import CA_CERT_FILE, node_paths
+from cco.wire import kernels
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.messages import Address, GroupParams
 from cco.wire.registries import Collective, DType, ReduceOp, Role
@@ -499,6 +500,10 @@ def run_role(cfg: NodeConfig) -> int:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
+    if cfg.role == "endpoint" and cfg.elements > kernels.SMALL:
+        # The workload's chunks will run the compiled loops: load them with the rest
+        # of start-up, before settle_heap() (see kernels.preload).
+        kernels.preload()
     settle_heap()
     if cfg.busy_poll_us:
         log.info("event loop polls %d us before it sleeps", cfg.busy_poll_us)

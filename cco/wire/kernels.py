@@ -15,9 +15,11 @@ and an endpoint's steps for a float32 chunk (``benchmarks/bench_endpoint_chunk.p
 37 us, its rounding not vectorized.
 
 numba is an optional dependency (``pip install 'cco[fast]'``): about 200 MiB installed
-and a quarter of a second to import.  It is imported when the first large chunk needs
-a loop, so aggregators (which do neither step) and endpoints that only send small
-messages never load it.
+and a quarter of a second to import.  In a library process it is imported when the first large
+chunk needs a loop, so one that only sends small messages never loads it; a
+``cco-node`` endpoint whose workload has chunks that large loads it, and both
+loops, before it starts (:func:`preload`); aggregators, which do neither step,
+never do.
 ``CCO_KERNELS=numpy`` keeps numpy where numba is installed, and a loop numba fails to
 compile is logged and left to numpy (:func:`run`).  Each loop computes
 exactly what the numpy code computes (integers exactly; floats with the same IEEE
@@ -175,6 +177,32 @@ def run(kernel: Callable[..., T], *args: Any) -> T | None:
         _numba.cache_clear()
         _compiled.cache_clear()
         return None
+
+
+def preload() -> bool:
+    """Load numba and both loops now, for every argument type the payload layer gives
+    them, instead of in the first large chunk; whether numba is in use.
+
+    For a process that then exempts what start-up built from garbage collection
+    (``cco-node``'s :func:`~cco.services.roles.settle_heap`): numba's import and its
+    dispatchers leave several hundred thousand objects, and loaded in the middle of a
+    run they are what the next collections walk.  On the 2-core host of BENCHMARKS.md,
+    after the first 512-byte all-reduce of four endpoints loaded numba, the next rounds
+    took 114, 64, 70, 36, 34, 20 and 15 ms against about 5 (young collections of 4 to
+    10 ms, full ones of 20 to 59 ms, in each endpoint).  Types not foreseen here are
+    still compiled when first met."""
+    sums, back = compiled_sums(WIDEST), compiled_scaled_back()
+    if sums is None or back is None:
+        return False
+    words = np.zeros(SMALL + 1, np.uint64)
+    for width in (np.int8, np.int16, np.int32):
+        values = np.zeros(SMALL + 1, width)
+        run(sums, words, values)
+        values.flags.writeable = False  # a received payload's integers are read-only views
+        run(sums, words, values)
+    for storage in (np.float32, np.float64):
+        run(back, np.zeros(SMALL + 1, np.int64), np.ones(1), SMALL + 1, 1, np.empty(SMALL + 1, storage))
+    return _numba() is not None
 
 
 def configured() -> str:
