@@ -609,7 +609,7 @@ class CcoCluster:
     @property
     def aggregator_pid(self) -> int:
         """The aggregator's process id (its launcher's, which may have exec'd another program)."""
-        return dict(self._services)["agg-0"].pid
+        return self.service_pids()["agg-0"]
 
     def service_pids(self) -> dict[str, int]:
         """The running services' process ids (launchers' included), by name."""

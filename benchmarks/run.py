@@ -157,6 +157,7 @@ def cco_runs(
     backend: str | None = None,
     warmup: int = 1,
     chunk_elements: int | None = None,
+    busy_poll_us: int | None = None,
 ) -> tuple[dict[int, dict[str, Any]], dict[str, float]]:
     """Per size: the per-round times (or the failure); and the aggregator's usage.
 
@@ -165,8 +166,9 @@ def cco_runs(
     group also ramps up congestion windows and path MTU; for small sizes it took 1.5
     to 2.5 times the next one).  ``untagged`` runs the endpoints with every
     MAC tag zero (``untagged.py``), for the cost of authentication; ``backend`` is
-    every node's ``--quic-backend`` and ``chunk_elements`` the group's chunk size
-    (when ``settings`` are not given; None: the node default)."""
+    every node's ``--quic-backend``, ``chunk_elements`` the group's chunk size and
+    ``busy_poll_us`` every node's ``--busy-poll-us`` (when ``settings`` are not
+    given; None: the node default)."""
     settings = settings or netns.CcoSettings(
         max_datagram_size=net.datagram,
         operation_timeout_ms=OPERATION_TIMEOUT_MS,
@@ -174,6 +176,7 @@ def cco_runs(
         untagged=untagged,
         quic_backend=backend,
         chunk_elements=chunk_elements,
+        busy_poll_us=busy_poll_us,
     )
     first = f" after {warmup} warm-up round{'s' if warmup > 1 else ''}" if warmup else ""
     results: dict[int, dict[str, Any]] = {}
@@ -684,15 +687,8 @@ def quick(args: argparse.Namespace) -> dict[str, Any]:
         latency, usage_small = run_cco(
             net, [8], args.latency_rounds, tmp / "cco-latency", warmup=LATENCY_WARMUP
         )
-        asleep = netns.CcoSettings(
-            max_datagram_size=net.datagram,
-            operation_timeout_ms=OPERATION_TIMEOUT_MS,
-            heartbeat_ms=HEARTBEAT_MS,
-            quic_backend=backend,
-            busy_poll_us=0,
-        )
         latency_asleep, _ = run_cco(
-            net, [8], args.latency_rounds, tmp / "cco-latency-asleep", asleep, warmup=LATENCY_WARMUP
+            net, [8], args.latency_rounds, tmp / "cco-latency-asleep", warmup=LATENCY_WARMUP, busy_poll_us=0
         )
         big, usage = run_cco(net, [64 * MiB], rounds, tmp / "cco-loopback")
         big_chunks, usage_chunks = run_cco(

@@ -297,10 +297,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             bounds = f" ({option.minimum} to {option.maximum})"
         else:
             bounds = "" if option.minimum is None else f" (at least {option.minimum})"
-        default = "" if option.default in (None, ()) else f" (default: {option.default}"
-        for role, value in (option.role_defaults or {}).items():
-            default += f"; {value} for the {role}"
-        default += ")" if default else ""
+        defaults = [] if option.default in (None, ()) else [str(option.default)]
+        defaults += [f"{value} for the {role}" for role, value in (option.role_defaults or {}).items()]
+        default = f" (default: {'; '.join(defaults)})" if defaults else ""
         parser.add_argument(
             option.flag,
             dest=option.name,

@@ -35,13 +35,13 @@ def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
 def gave_way(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """When the selector yielded its core between polls (each a poll that found nothing)."""
     calls: list[float] = []
-    real = polling._give_way
+    real = polling.give_way
 
     def counted() -> None:
         calls.append(time.monotonic())
         real()
 
-    monkeypatch.setattr(polling, "_give_way", counted)
+    monkeypatch.setattr(polling, "give_way", counted)
     return calls
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import threading
 from typing import Any
 
@@ -66,7 +67,7 @@ def run_rounds(
 
     monkeypatch.setattr(roles, "make_input", noting("draw", roles.make_input))
     monkeypatch.setattr(roles, "_digest", noting("hash", roles._digest))
-    monkeypatch.setattr(roles.os, "sched_yield", noting("yield", lambda: None))
+    monkeypatch.setattr(os, "sched_yield", noting("yield", lambda: None))
     monkeypatch.setattr(comm, "barrier", noting("barrier", comm.barrier))
     summary = asyncio.run(roles._allreduce_rounds(comm, rounds, elements, DType.FLOAT32, None, quorum))  # type: ignore[arg-type]
     return summary, seen

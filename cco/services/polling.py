@@ -31,8 +31,9 @@ MAX_BUSY_POLL_US = 1_000_000
 that polling shortens."""
 
 
-def _give_way() -> None:
-    """Let another runnable process have this core, if one wants it."""
+def give_way() -> None:
+    """Let another runnable process have this core first, if one wants it (returns at
+    once when none is waiting)."""
     if hasattr(os, "sched_yield"):
         os.sched_yield()
     else:  # Windows: a zero sleep gives up the rest of the thread's time slice
@@ -61,7 +62,7 @@ class PollingSelector(selectors.DefaultSelector):
             elapsed = time.monotonic() - start
             if elapsed >= polling:
                 break
-            _give_way()
+            give_way()
         return super().select(None if timeout is None else max(0.0, timeout - elapsed))
 
 
