@@ -413,7 +413,9 @@ async def _allreduce_rounds(
     records = []
     predrawn = rounds * elements * np.dtype(NUMPY_TYPES[dtype]).itemsize <= PREDRAWN_BYTES
     if predrawn:
-        inputs = _predraw(rounds, elements, comm.rank, dtype)
+        # on a worker thread: 100,000 small rounds take seconds to draw, and the event
+        # loop must keep serving heartbeats meanwhile
+        inputs = await asyncio.to_thread(_predraw, rounds, elements, comm.rank, dtype)
         outputs = np.empty_like(inputs)
         results: list[np.ndarray] = []
     else:
@@ -462,8 +464,9 @@ async def _allreduce_rounds(
         # runs, and set their p99.  (A quorum run does not wait for every member.)
         await comm.barrier()
     if predrawn:
-        for record, result in zip(records, results, strict=True):
-            record["sha256"] = _digest(result)
+        digests = await asyncio.to_thread(lambda: [_digest(result) for result in results])
+        for record, digest in zip(records, digests, strict=True):
+            record["sha256"] = digest
     return {
         "rank": comm.rank,
         "world_size": comm.world_size,
