@@ -249,6 +249,18 @@ def _roles(pid_dir: Path) -> dict[int, str]:
     return {int(p.name): p.read_text() for p in pid_dir.iterdir()}
 
 
+def _wait_first_round(cluster: netns.CcoCluster, endpoints: int, worker: threading.Thread) -> None:
+    """Until every endpoint has verified its first round (or the run ended): joining
+    takes seconds on a loaded machine, and a fixed settling time alone then sampled
+    nothing but start-up."""
+    logs = [f"run1-ep-{i}" for i in range(endpoints)]
+    deadline = time.monotonic() + 120
+    while worker.is_alive() and time.monotonic() < deadline:
+        if all("round 1/" in cluster.log(name) for name in logs):
+            return
+        time.sleep(0.05)
+
+
 def _rounds_in(reports: list[dict[str, Any]], start: float, end: float) -> int:
     """Rounds whose first call fell in [start, end] (CLOCK_MONOTONIC, as the records)."""
     calls = [[r["started"] for r in rep["rounds"]] for rep in reports]
@@ -302,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
 
             worker = threading.Thread(target=rounds)
             worker.start()
+            _wait_first_round(cluster, args.endpoints, worker)
             time.sleep(args.settle)
             sampled = subprocess.run(
                 [*record, "--", "sleep", str(args.seconds)], capture_output=True, text=True
