@@ -85,10 +85,13 @@ def check_records(summary: dict[str, Any], elements: int, rounds: int) -> None:
 def test_a_small_run_draws_before_its_first_call_and_hashes_after_its_last(
     elements: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Both on a worker thread: drawing 100,000 small rounds held the event loop (and
+    so the node's heartbeats) for seconds, long enough for the rendezvous to evict
+    the rank."""
     summary, seen = run_rounds(elements, 3, monkeypatch)
     yields = [("yield", "loop", calls) for calls in range(3)]  # the core offered before each call
     # every rank has its last result before any rank hashes and reports
-    assert seen == [("draw", "loop", 0)] * 3 + yields + [("barrier", "loop", 3)] + [("hash", "loop", 3)] * 3
+    assert seen == [("draw", "worker", 0)] * 3 + yields + [("barrier", "loop", 3)] + [("hash", "worker", 3)] * 3
     check_records(summary, elements, 3)
 
 
