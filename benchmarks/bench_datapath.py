@@ -27,11 +27,13 @@ import multiprocessing
 import platform
 import ssl
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))  # the shared support modules
 from quicapi import QuicApi, quic_api, stack_version
 
 from cco.transport import LocalIdentity, PeerLink, TransportConfig, connect, create_dev_pki, serve

@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))  # the shared support modules
 import netns
 from run import LATENCY_WARMUP, percentile
 

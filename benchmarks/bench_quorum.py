@@ -23,10 +23,13 @@ import argparse
 import asyncio
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))  # the shared support modules
 from inprocess import group_in_process
 
 from cco.wire import payload

@@ -47,6 +47,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))  # the shared support modules
 import barequic
 import netns
 

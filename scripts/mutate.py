@@ -57,35 +57,51 @@ class Target:
 
 
 TARGETS = (
-    Target("cco/wire/cbor.py", ("tests/test_cbor.py", "tests/test_codec.py"), everything=True),
+    Target(
+        "cco/wire/cbor.py",
+        ("tests/wire/test_cbor_rules.py", "tests/wire/test_codec_roundtrip.py"),
+        everything=True,
+    ),
     Target(
         "cco/wire/mac.py",
         (
-            "tests/test_mac_keys.py",
-            "tests/test_payload_mac.py",
-            "tests/test_payload_vectors.py",
-            "tests/test_payload_attacks.py",
-            "tests/test_vectors.py",
+            "tests/wire/test_mac_inputs.py",
+            "tests/wire/payload/test_mac_construction.py",
+            "tests/interop/test_payload_vectors.py",
+            "tests/wire/payload/test_aggregator_attacks_detected.py",
+            "tests/interop/test_vectors.py",
         ),
         everything=True,
     ),
     Target(
         "cco/wire/payload.py",
         (
-            "tests/test_payload_attacks.py",
-            "tests/test_payload_aggregation.py",
-            "tests/test_payload_chunking.py",
-            "tests/test_payload_blockscale.py",
-            "tests/test_payload_mac.py",
-            "tests/test_payload_vectors.py",
-            "tests/test_payload_refusals.py",
-            "tests/test_vectors.py",
+            "tests/wire/payload/test_aggregator_attacks_detected.py",
+            "tests/wire/payload/test_aggregation_any_tree.py",
+            "tests/wire/payload/test_chunking.py",
+            "tests/wire/payload/test_block_scaled_forms.py",
+            "tests/wire/payload/test_mac_construction.py",
+            "tests/interop/test_payload_vectors.py",
+            "tests/wire/payload/test_payload_refusals.py",
+            "tests/interop/test_vectors.py",
         ),
         everything=False,
     ),
-    Target("cco/nodes/aggregator.py", ("tests/test_aggregator.py", "tests/test_cluster_sim.py"), False),
-    Target("cco/nodes/rendezvous.py", ("tests/test_rendezvous.py", "tests/test_cluster_sim.py"), False),
-    Target("cco/nodes/endpoint.py", ("tests/test_endpoint.py", "tests/test_cluster_sim.py"), False),
+    Target(
+        "cco/nodes/aggregator.py",
+        ("tests/nodes/test_aggregator_machine.py", "tests/nodes/test_sim_clusters.py"),
+        False,
+    ),
+    Target(
+        "cco/nodes/rendezvous.py",
+        ("tests/nodes/test_rendezvous_machine.py", "tests/nodes/test_sim_clusters.py"),
+        False,
+    ),
+    Target(
+        "cco/nodes/endpoint.py",
+        ("tests/nodes/test_endpoint_machine.py", "tests/nodes/test_sim_clusters.py"),
+        False,
+    ),
 )
 
 

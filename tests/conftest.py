@@ -23,36 +23,34 @@ os.environ["CCO_STORE"] = ":memory:"
 
 # --- QUIC backend ----------------------------------------------------------------
 #
-# The transport tests (tests/test_transport*.py) run once per QUIC backend: the
-# ``quic_backend`` fixture sets CCO_QUIC_BACKEND, the default of
-# ``TransportConfig.quic_backend``, for the test.  A module that tests one backend's
-# internals on purpose sets ``QUIC_BACKENDS`` to that backend alone, saying why.
-# Other tests use the environment's choice (``CCO_QUIC_BACKEND=aioquic pytest`` runs the
-# whole suite on aioquic), else qh3.
+# A module marked ``pytestmark = pytest.mark.quic_backends()`` runs each test once per
+# QUIC backend: the ``quic_backend`` fixture sets CCO_QUIC_BACKEND, the default of
+# ``TransportConfig.quic_backend``, for the test.  ``quic_backends("aioquic")`` names
+# the backends explicitly (a module that tests one backend's internals on purpose,
+# saying why).  Other tests use the environment's choice (``CCO_QUIC_BACKEND=aioquic
+# pytest`` runs the whole suite on aioquic), else qh3.
 
 QUIC_BACKENDS = ("aioquic", "qh3")
 
 # --- the per-chunk arithmetic ---------------------------------------------------------
 #
-# The MAC and block-scaling tests run once on each path of the per-chunk arithmetic:
-# the compiled loops (numba) and numpy (``CCO_KERNELS``, see cco/wire/kernels.py).
-# Where numba is not installed the compiled run is skipped, saying so.  Other tests
-# use the environment's choice.
+# A module marked ``pytest.mark.both_kernels`` runs each test once on each path of the
+# per-chunk arithmetic: the compiled loops (numba) and numpy (``CCO_KERNELS``, see
+# cco/wire/kernels.py).  Where numba is not installed the compiled run is skipped,
+# saying so.  Other tests use the environment's choice.
 
-BOTH_PATHS = (
-    "test_payload_mac",
-    "test_payload_coefficients",
-    "test_payload_attacks",
-    "test_payload_blockscale",
-    "test_blockscale_cluster",
-)
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "quic_backends(*names): run each test once per QUIC backend")
+    config.addinivalue_line("markers", "both_kernels: run each test on the compiled loops and on numpy")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "quic_backend" in metafunc.fixturenames and metafunc.module.__name__.startswith("test_transport"):
-        backends = getattr(metafunc.module, "QUIC_BACKENDS", QUIC_BACKENDS)
-        metafunc.parametrize("quic_backend", backends, indirect=True)
-    if "inner_product_path" in metafunc.fixturenames and metafunc.module.__name__ in BOTH_PATHS:
+    backends = metafunc.definition.get_closest_marker("quic_backends")
+    if backends is not None and "quic_backend" in metafunc.fixturenames:
+        metafunc.parametrize("quic_backend", backends.args or QUIC_BACKENDS, indirect=True)
+    kernels_marker = metafunc.definition.get_closest_marker("both_kernels")
+    if kernels_marker is not None and "inner_product_path" in metafunc.fixturenames:
         metafunc.parametrize("inner_product_path", kernels.CHOICES, indirect=True)
 
 

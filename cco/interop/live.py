@@ -59,8 +59,8 @@ class CaseFailed(Exception):
 
 
 def _relay_module() -> Any:
-    """benchmarks/relay.py of the checkout (the testbed's relay), loaded by path."""
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "relay.py"
+    """benchmarks/support/relay.py of the checkout (the testbed's relay), loaded by path."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "support" / "relay.py"
     if not path.is_file():
         raise CaseFailed(f"{path} is missing: the relay cases need the source checkout")
     spec = importlib.util.spec_from_file_location("cco_interop_relay", path)

@@ -5,7 +5,7 @@ wake it: the kernel marks it runnable and, when its core is idle (halted), sends
 that core an interrupt to run it.  On a virtual machine both are exits to the
 hypervisor.  On the two-vCPU host of BENCHMARKS.md, a UDP ping-pong between two
 processes took 59 us a round trip when each slept in ``epoll_wait`` and 9 us when
-each polled (``benchmarks/bench_wakeup.py``), and the 8-byte all-reduce of four
+each polled (``benchmarks/probes/bench_wakeup.py``), and the 8-byte all-reduce of four
 ranks exchanges eight datagrams a round, each with its wakeup.  The kernel's own busy
 polling (``net.core.busy_poll``) serves network cards' queues only, not loopback,
 and is a system setting; this does the same inside the process, for any socket.

@@ -10,7 +10,7 @@ passes, through temporary arrays:
 
 The loops here read each element once.  On the reference machine, for a chunk of 32 Ki
 elements, the inner product takes 16 against 83 us and scaling back 24 against 47 us,
-and an endpoint's steps for a float32 chunk (``benchmarks/bench_endpoint_chunk.py``)
+and an endpoint's steps for a float32 chunk (``benchmarks/probes/bench_endpoint_chunk.py``)
 275 against 453 us.  Quantizing stays with numpy: a compiled loop took 57 against
 37 us, its rounding not vectorized.
 
