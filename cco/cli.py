@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             return demo_main(argv[1:])
         single_threaded_numerics()
         from cco.config import resolve
-        from cco.services.roles import run_role
+        from cco.launch import run_role
 
         return run_role(resolve(node_parser().parse_args(argv)))
     except UsageError as exc:

@@ -26,9 +26,7 @@ import selectors
 import time
 from collections.abc import Callable
 
-MAX_BUSY_POLL_US = 1_000_000
-"""The largest budget accepted: a second of polling is already far past any wait
-that polling shortens."""
+from cco.config import MAX_BUSY_POLL_US
 
 
 def give_way() -> None:
