@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from cco import jobs
 from cco.client import PartialResult
 from cco.nodes.operation import Quorum
-from cco import jobs
 from cco.wire.registries import DType, ReduceOp
 from cco.workload import make_input
 

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from cco.config import NodeConfig
 from cco import launch
+from cco.config import NodeConfig
 
 
 @pytest.fixture
