@@ -23,11 +23,20 @@ import reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cco.nodes import endpoint_states as states
-from cco.nodes import operation as operation_module
+from cco.nodes import data_operation
 from cco.nodes.calls import CollectiveRequest, EndpointConfig, OperationError
+from cco.nodes.data_operation import source_of
 from cco.nodes.endpoint import EndpointMachine
-from cco.nodes.endpoint_states import OPERATION_TABLE, SESSION_TABLE, LinkState, SessionState
+from cco.nodes.endpoint_states import (
+    DATA_MOVES,
+    OPERATION_TABLE,
+    SESSION_TABLE,
+    LinkState,
+    OperationEvent,
+    OperationState,
+    SessionEvent,
+    SessionState,
+)
 from cco.nodes.events import (
     ClosePeer,
     Command,
@@ -44,8 +53,8 @@ from cco.nodes.events import (
     SendMessage,
     TimerFired,
 )
-from cco.nodes.fsm import TransitionTable
-from cco.nodes.operation import OperationState, Quorum, source_of
+from cco.nodes.fsm import Move, TransitionTable
+from cco.nodes.operation import Quorum
 from cco.wire import payload
 from cco.wire.blockscale import SCALE_MAX
 from cco.wire.dtypes import ELEMENT_TYPES
@@ -338,13 +347,13 @@ def test_chunk_0_is_sealed_from_the_encoding_start_checked(monkeypatch: pytest.M
     value before anything is sent; chunk 0, sealed at once, takes that encoding
     instead of encoding its values a second time.  Later chunks are encoded when sent."""
     encoded: list[tuple[int, int]] = []
-    encode = operation_module.encode_range
+    encode = data_operation.encode_range
 
     def counting(*args: Any) -> np.ndarray:
         encoded.append((args[5], args[6]))  # start, stop
         return encode(*args)
 
-    monkeypatch.setattr(operation_module, "encode_range", counting)
+    monkeypatch.setattr(data_operation, "encode_range", counting)
     rig = joined()
     values = list(range(10))  # chunks of 4, 4 and 2; a window of 2
     _, out = rig.start(int_request(values))
@@ -1095,59 +1104,69 @@ def _session_in(state: SessionState) -> Rig:
     return rig
 
 
-def _session_input(rig: Rig, event: str, n: int) -> Input | Callable[[], list[Command]]:
+def _session_input(rig: Rig, event: SessionEvent, n: int) -> Input | Callable[[], list[Command]]:
     epoch = rig.machine.epoch
     parent = rig.parent or "nobody"
     own = payload.seal(KEYS, int_header(n, epoch, 1), RANK, np.zeros(1, dtype=np.int64))
     result = dataclasses.replace(result_for(own), tag=(n * 7919) % 1000)
-    inputs: dict[str, Input | Callable[[], list[Command]]] = {
-        states.RENDEZVOUS_CONNECTED: PeerConnected(f"rv{n}", "rendezvous", Role.RENDEZVOUS),
-        "JoinAccept": MessageReceived("rv", accept()),
-        "JoinReject": MessageReceived("rv", JoinReject(group_id=GROUP, code=ErrorCode.GROUP_FULL, detail="")),
-        states.ERROR_RENDEZVOUS: MessageReceived("rv", Error(code=ErrorCode.INTERNAL_ERROR, detail=str(n))),
-        "Heartbeat": MessageReceived("rv", Heartbeat(seq=n)),
-        states.RENDEZVOUS_LOST: PeerDisconnected("rv", ErrorCode.PEER_LOST),
-        states.RENDEZVOUS_GONE: lambda: [
+    inputs: dict[SessionEvent, Input | Callable[[], list[Command]]] = {
+        SessionEvent.RENDEZVOUS_CONNECTED: PeerConnected(f"rv{n}", "rendezvous", Role.RENDEZVOUS),
+        SessionEvent.JOIN_ACCEPT: MessageReceived("rv", accept()),
+        SessionEvent.JOIN_REJECT: MessageReceived(
+            "rv", JoinReject(group_id=GROUP, code=ErrorCode.GROUP_FULL, detail="")
+        ),
+        SessionEvent.ERROR_RENDEZVOUS: MessageReceived(
+            "rv", Error(code=ErrorCode.INTERNAL_ERROR, detail=str(n))
+        ),
+        SessionEvent.HEARTBEAT: MessageReceived("rv", Heartbeat(seq=n)),
+        SessionEvent.RENDEZVOUS_LOST: PeerDisconnected("rv", ErrorCode.PEER_LOST),
+        SessionEvent.RENDEZVOUS_GONE: lambda: [
             *rig.feed(PeerDisconnected("rv", ErrorCode.PEER_LOST)),
             *rig.timer(rig.now + rig.machine.config.rendezvous_grace),
         ],
-        states.LEAVE: lambda: rig.machine.leave(rig.now),
-        states.TREE_DIAL: MessageReceived("rv", tree(epoch=epoch, parent=PARENT2)),
-        states.TREE_CONNECTED: MessageReceived("rv", tree(epoch=epoch, parent=PARENT)),
-        states.PARENT_CONNECTED: PeerConnected(parent, "leaf", Role.AGGREGATOR),
-        states.PARENT_LOST: PeerDisconnected(parent, ErrorCode.PEER_LOST),
-        "EpochChange": MessageReceived(
+        SessionEvent.LEAVE: lambda: rig.machine.leave(rig.now),
+        SessionEvent.TREE_DIAL: MessageReceived("rv", tree(epoch=epoch, parent=PARENT2)),
+        SessionEvent.TREE_CONNECTED: MessageReceived("rv", tree(epoch=epoch, parent=PARENT)),
+        SessionEvent.PARENT_CONNECTED: PeerConnected(parent, "leaf", Role.AGGREGATOR),
+        SessionEvent.PARENT_LOST: PeerDisconnected(parent, ErrorCode.PEER_LOST),
+        SessionEvent.EPOCH_CHANGE: MessageReceived(
             "rv", EpochChange(group_id=GROUP, epoch=epoch + 1, members=b"\x0f", code=ErrorCode.NO_ERROR)
         ),
-        states.START: lambda: rig.start(CollectiveRequest(kind=Collective.BARRIER))[1],
-        "Result": MessageReceived(parent, result),
-        "BroadcastData": MessageReceived(parent, root_chunks(np.arange(3), op_id=n, epoch=epoch)[0]),
-        "Abort": MessageReceived(
+        SessionEvent.START: lambda: rig.start(CollectiveRequest(kind=Collective.BARRIER))[1],
+        SessionEvent.RESULT: MessageReceived(parent, result),
+        SessionEvent.BROADCAST_DATA: MessageReceived(
+            parent, root_chunks(np.arange(3), op_id=n, epoch=epoch)[0]
+        ),
+        SessionEvent.ABORT: MessageReceived(
             parent, Abort(group_id=GROUP, epoch=epoch, op_id=n, code=ErrorCode.ABORTED, detail="")
         ),
-        states.ERROR_PARENT: MessageReceived(parent, Error(code=ErrorCode.RESOURCE_EXHAUSTED, detail="full")),
-        "RetransmitRequest": MessageReceived(
+        SessionEvent.ERROR_PARENT: MessageReceived(
+            parent, Error(code=ErrorCode.RESOURCE_EXHAUSTED, detail="full")
+        ),
+        SessionEvent.RETRANSMIT_REQUEST: MessageReceived(
             parent, RetransmitRequest(group_id=GROUP, epoch=epoch, op_id=n, chunks=(0,))
         ),
-        "ChunkAck": MessageReceived(parent, ChunkAck(group_id=GROUP, epoch=epoch, op_id=n, chunks=(0,))),
+        SessionEvent.CHUNK_ACK: MessageReceived(
+            parent, ChunkAck(group_id=GROUP, epoch=epoch, op_id=n, chunks=(0,))
+        ),
     }
     return inputs[event]
 
 
-def _session_realised(rig: Rig, event: str) -> str:
+def _session_realised(rig: Rig, event: SessionEvent) -> SessionEvent:
     """TreeAssignment naming the current parent is a dial unless that parent is up."""
     up = rig.machine.state in (SessionState.READY, SessionState.REPLANNING)
-    if event == states.TREE_CONNECTED and not up:
-        return states.TREE_DIAL
+    if event == SessionEvent.TREE_CONNECTED and not up:
+        return SessionEvent.TREE_DIAL
     return event
 
 
-def _drive_session(state: SessionState, event: str, n: int) -> None:
+def _drive_session(state: SessionState, event: SessionEvent, n: int) -> None:
     rig = _session_in(state)
     action = _session_input(rig, event, n)
     actual = _session_realised(rig, event)
     data_possible = (
-        event not in (*states.DATA_EVENTS, states.PARENT_CONNECTED, states.PARENT_LOST)
+        event not in (*DATA_MOVES, SessionEvent.PARENT_CONNECTED, SessionEvent.PARENT_LOST)
         or rig.parent is not None
     )
     if callable(action):
@@ -1171,14 +1190,14 @@ def _drive_session(state: SessionState, event: str, n: int) -> None:
 
 
 @pytest.mark.parametrize("state", list(SessionState))
-@pytest.mark.parametrize("event", SESSION_TABLE.events)
-def test_session_table_every_pair(state: SessionState, event: str) -> None:
+@pytest.mark.parametrize("event", list(SessionEvent))
+def test_session_table_every_pair(state: SessionState, event: SessionEvent) -> None:
     _drive_session(state, event, 1)
 
 
-@given(st.sampled_from(list(SessionState)), st.sampled_from(SESSION_TABLE.events), st.integers(0, 1 << 20))
+@given(st.sampled_from(list(SessionState)), st.sampled_from(list(SessionEvent)), st.integers(0, 1 << 20))
 @settings(max_examples=200, deadline=None)
-def test_session_table_hypothesis(state: SessionState, event: str, n: int) -> None:
+def test_session_table_hypothesis(state: SessionState, event: SessionEvent, n: int) -> None:
     _drive_session(state, event, n)
 
 
@@ -1186,7 +1205,7 @@ def test_session_table_moves_are_all_realised() -> None:
     seen = {
         (state, event)
         for state in SessionState
-        for event in SESSION_TABLE.events
+        for event in SessionEvent
         if _session_realised(_session_in(state), event) == event
     }
     allowed = {(s, e) for s, moves in SESSION_TABLE.table.items() for e in moves}
@@ -1202,24 +1221,24 @@ _ACTIONS = [
 
 
 class _Recorder:
-    """Wraps a table's ``next`` to record every (state, event) it is asked for."""
+    """Wraps a table's ``fire`` to record every (state, event) it is asked for."""
 
-    def __init__(self, table: TransitionTable[OperationState]) -> None:
+    def __init__(self, table: TransitionTable[OperationState, OperationEvent, Any]) -> None:
         self.table = table
-        self.seen: set[tuple[OperationState, str]] = set()
-        self._next = table.next
+        self.seen: set[tuple[OperationState, OperationEvent]] = set()
+        self._fire = table.fire
 
-    def __call__(self, state: OperationState, event: str) -> OperationState:
+    def __call__(self, state: OperationState, event: OperationEvent) -> Move[OperationState, Any]:
         self.seen.add((state, event))
-        return self._next(state, event)
+        return self._fire(state, event)
 
 
 def _run_operations(
     script: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch | None = None
-) -> set[tuple[OperationState, str]]:
+) -> set[tuple[OperationState, OperationEvent]]:
     recorder = _Recorder(OPERATION_TABLE)
     patch = monkeypatch or pytest.MonkeyPatch()
-    patch.setattr(OPERATION_TABLE, "next", recorder)
+    patch.setattr(OPERATION_TABLE, "fire", recorder)
     try:
         rig = joined()
         sent_chunks: dict[tuple[int, int], ChunkMessage] = {}
@@ -1229,14 +1248,14 @@ def _run_operations(
         started: dict[int, np.ndarray] = {}
         for action, n in script:
             rig.rendezvous(Heartbeat(seq=n))  # the rendezvous stays alive however far time jumps
-            states = {op: rig.machine.operation_state(op) for op in range(rig.machine._next_op_id)}
+            states = {op: rig.machine.operation_state(op) for op in range(rig.machine.next_op_id)}
             out: list[Command] = []
             if action == "start" and rig.machine.state in (SessionState.READY, SessionState.REPLANNING):
                 values = list(range(4 * (n % 4) + 1))
                 op_id, out = rig.start(int_request(values))
                 started[op_id] = np.array(values[:4], dtype=np.int64)
             elif action == "start_receiver" and rig.machine.state is SessionState.READY:
-                op_id = rig.machine._next_op_id
+                op_id = rig.machine.next_op_id
                 broadcast[op_id] = root_chunks(np.arange(n % 9, dtype=np.int64), op_id, rig.machine.epoch)
                 _, out = rig.start(CollectiveRequest(kind=Collective.BROADCAST, root=0, dtype=DType.INT64))
             elif action == "result" and rig.parent and (pool := _deliverable(sent_chunks, broadcast)):
@@ -1267,7 +1286,7 @@ def _run_operations(
                 for again in sent(out, rig.parent, Contribution):
                     assert again == sent_chunks[(again.op_id, again.chunk_index)], "a copy is identical"
             elif action == "abort" and rig.parent:
-                op_id = n % max(1, rig.machine._next_op_id)
+                op_id = n % max(1, rig.machine.next_op_id)
                 out = rig.from_parent(
                     Abort(
                         group_id=GROUP,
@@ -1306,7 +1325,7 @@ def _run_operations(
                 and len(rig.machine.accepted_members) > 1
             ):
                 # the tree went on without this rank: both results may be there first
-                op_id = rig.machine._next_op_id
+                op_id = rig.machine.next_op_id
                 values = list(range(1 + n % 4))
                 ranks = sorted(rig.machine.accepted_members - {RANK})
                 presence, data = quorum_results(op_id, rig.machine.epoch, values, ranks)
@@ -1352,7 +1371,8 @@ def _reachable(state: OperationState) -> set[OperationState]:
     seen = {state}
     frontier = [state]
     while frontier:
-        for target in OPERATION_TABLE.table.get(frontier.pop(), {}).values():
+        for move in OPERATION_TABLE.table.get(frontier.pop(), {}).values():
+            target = move.target
             if target not in seen:
                 seen.add(target)
                 frontier.append(target)
@@ -1370,14 +1390,14 @@ def test_operation_table_random_inputs(script: list[tuple[str, int]]) -> None:
 def test_operation_table_moves_are_all_exercised(monkeypatch: pytest.MonkeyPatch) -> None:
     """Seeded random scripts, as many as it takes, reach every move of the table."""
     allowed = {(s, e) for s, moves in OPERATION_TABLE.table.items() for e in moves}
-    seen: set[tuple[OperationState, str]] = set()
+    seen: set[tuple[OperationState, OperationEvent]] = set()
     rng = random.Random(2024)
     for _ in range(2000):
         script = [(rng.choice(_ACTIONS), rng.randrange(1000)) for _ in range(rng.randrange(5, 40))]
         seen |= _run_operations(script, monkeypatch)
         if allowed <= seen:
             break
-    assert allowed <= seen, sorted((s.name, e) for s, e in allowed - seen)
+    assert allowed <= seen, sorted((s.name, e.value) for s, e in allowed - seen)
 
 
 @pytest.mark.parametrize(
@@ -1535,7 +1555,7 @@ def test_a_small_float_sum_is_exact_in_one_pass(op: ReduceOp) -> None:
     data = np.array([1.0, 2.0**-24, -3.5], dtype=np.float32)
     request = CollectiveRequest(kind=Collective.ALL_REDUCE, op=op, array=data, width=16)
     op_id, out = rig.start(request)
-    assert rig.machine._next_op_id == op_id + 1
+    assert rig.machine.next_op_id == op_id + 1
     element = ELEMENT_TYPES[DType.FLOAT32]
     rank0 = to_limbs(np.array([2.0**-24, 2.0**-24, 0.5], dtype=np.float32), element)
     others = {r: rank0 if r == 0 else np.zeros(len(rank0), np.int64) for r in range(WORLD) if r != RANK}
@@ -1686,7 +1706,7 @@ def test_a_prepared_start_sends_what_a_direct_start_sends() -> None:
     request = CollectiveRequest(kind=Collective.ALL_REDUCE, array=data)
     direct, planned = joined(), joined()
     prepared = planned.machine.prepare(request)
-    assert planned.machine._next_op_id == 0  # nothing started, no op_id taken
+    assert planned.machine.next_op_id == 0  # nothing started, no op_id taken
     prepared.compute()
     assert prepared.operation.scaling is not None  # the proposals, computed before start
     assert direct.start(request)[1] == planned.machine.start(request, planned.now, prepared)[1]
@@ -1715,6 +1735,12 @@ def test_a_prepared_unencodable_input_fails_at_start_and_keeps_op_ids_aligned() 
     assert rig.start(int_request([1]))[0] == op_id + 1
 
 
+def _operation(machine: EndpointMachine, op_id: int) -> Any:
+    """The operation ``op_id`` in flight at ``machine`` (its engine's record)."""
+    assert machine._joined is not None
+    return machine._joined.engine.operation(op_id)
+
+
 def test_a_prepared_operation_starts_sized_as_a_direct_one_over_the_members_of_now() -> None:
     """start() keeps prepare()'s sizing and only takes the members of the moment."""
     request = int_request(list(range(10)))
@@ -1723,7 +1749,7 @@ def test_a_prepared_operation_starts_sized_as_a_direct_one_over_the_members_of_n
     assert prepared.operation.members == frozenset()  # prepare() does not know them yet
     direct_id, _ = direct.start(request)
     planned_id, _ = planned.machine.start(request, planned.now, prepared)
-    ours, theirs = planned.machine._ops[planned_id], direct.machine._ops[direct_id]
+    ours, theirs = _operation(planned.machine, planned_id), _operation(direct.machine, direct_id)
     fields = ("total", "chunk_elements", "chunks", "members")
     assert [getattr(ours, f) for f in fields] == [getattr(theirs, f) for f in fields]
     assert ours.members == planned.machine.members
