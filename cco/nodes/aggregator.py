@@ -57,7 +57,7 @@ from cco.nodes.events import (
     TimerFired,
 )
 from cco.nodes.parent import Dials
-from cco.nodes.replies import clip, ranks_text, refuse
+from cco.nodes.replies import ranks_text, refuse
 from cco.nodes.session import RendezvousSession, Tick
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import ranks_from_bitmap
@@ -78,6 +78,7 @@ from cco.wire.messages import (
     Result,
     RetransmitRequest,
     TreeAssignment,
+    clip_detail,
 )
 from cco.wire.registries import Role
 
@@ -207,7 +208,7 @@ class AggregatorMachine:
         if isinstance(event, PeerDisconnected):
             return self._on_disconnected(event.peer, event.code, now)
         if isinstance(event, MessageMalformed):  # a connection error: report it, close, forget the peer
-            code, detail = event.error.code, clip(event.error.detail)
+            code, detail = event.error.code, clip_detail(event.error.detail)
             closing: list[Command] = [
                 SendMessage(event.peer, Error(code=code, detail=detail)),
                 ClosePeer(event.peer, code, detail),

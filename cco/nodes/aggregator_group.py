@@ -23,7 +23,6 @@ from cco.nodes.aggregator_slots import GroupSlots, SlotKey
 from cco.nodes.aggregator_states import GROUP_TABLE, GroupAction, GroupEvent, GroupState
 from cco.nodes.events import Command, PeerId, SendMessage
 from cco.nodes.parent import Dials, ParentLink
-from cco.nodes.replies import clip
 from cco.wire.errors import ErrorCode
 from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap
 from cco.wire.messages import (
@@ -34,6 +33,7 @@ from cco.wire.messages import (
     PartialAggregate,
     Result,
     TreeAssignment,
+    clip_detail,
 )
 from cco.wire.payload import retype
 from cco.wire.registries import Role
@@ -280,7 +280,7 @@ class AggregatorGroup:
             epoch=self.epoch,
             op_id=op_id,
             code=code,
-            detail=clip(detail),
+            detail=clip_detail(detail),
             missing=bitmap_from_ranks(missing) if missing else None,
         )
         out = self.send_down(abort, skip=origin)

@@ -14,6 +14,7 @@ complete in time, naming the missing ranks.
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from cco.nodes.aggregator_slot import Slot, WaitState, fingerprint
@@ -31,6 +32,18 @@ if TYPE_CHECKING:
     from cco.nodes.aggregator_group import AggregatorGroup
 
 SlotKey = tuple[int, int]  # (op_id, chunk_index) within one group and epoch
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """A chunk from a child, authorised to speak for ``contributors``."""
+
+    peer: PeerId
+    child: str  # its node id
+    message: ChunkMessage
+    contributors: frozenset[int]
+    digest: bytes  # its fingerprint
+
 
 MAX_CHUNKS_ASKED = 4096
 """Chunk indices in one RetransmitRequest; more are asked for in several."""
@@ -79,8 +92,8 @@ class GroupSlots:
                 return [refuse(peer, message, ErrorCode.RESOURCE_EXHAUSTED, detail)]
             slot = Slot.open(message, group.expected, group.timeout, now)
             self.open[key] = slot
-        digest = fingerprint(message)
-        move = SLOT_TABLE.move(slot.state, slot.classify(child, digest, contributors))
+        part = Part(peer, child, message, contributors, fingerprint(message))
+        move = SLOT_TABLE.move(slot.state, slot.classify(child, part.digest, contributors))
         if move is None:
             detail = (
                 f"op {message.op_id} chunk {message.chunk_index}: node {child} sent a different "
@@ -89,33 +102,26 @@ class GroupSlots:
             return [refuse(peer, message, ErrorCode.DUPLICATE_CONTRIBUTION, detail)]
         match move.action:
             case SlotAction.LATE:
-                return self._late(key, slot, peer, child, message, digest, contributors)
+                return self._late(key, slot, part)
             case SlotAction.RESEND:
                 result = group.results.get(key)
                 return [] if result is None else [SendMessage(peer, result)]
             case SlotAction.ADD | SlotAction.COMPLETE:
-                refused = self._add(key, slot, peer, child, message, contributors)
+                refused = self._add(key, slot, part)
                 if refused is not None:
                     return refused
-                slot.note(child, digest, contributors)
+                slot.note(child, part.digest, contributors)
                 slot.state = move.target
                 if move.action is SlotAction.COMPLETE:
                     return self._complete(key, slot)
                 return self._release(key, slot) if slot.releasable(group.root) else []
         return []  # IGNORE: a copy of what was taken, or the slot is over
 
-    def _add(
-        self,
-        key: SlotKey,
-        slot: Slot,
-        peer: PeerId,
-        child: str,
-        message: ChunkMessage,
-        contributors: frozenset[int],
-    ) -> list[Command] | None:
+    def _add(self, key: SlotKey, slot: Slot, part: Part) -> list[Command] | None:
         """Add the part to the slot's aggregate; the commands that refuse it, if it is refused."""
         group = self._group
         usage = group.context.usage
+        message = part.message
         try:
             if slot.aggregate is None:
                 slot.aggregate = Aggregate(message)  # kept as it is until the next part
@@ -132,23 +138,14 @@ class GroupSlots:
                 # every rank learns why at once instead of waiting for its timeout
                 detail = (
                     f"aggregator {group.context.node_id}: op {message.op_id} chunk {message.chunk_index}: "
-                    f"ranks {ranks_text(contributors)} (via {child}) and ranks {ranks_text(slot.received)} "
-                    f"called different operations ({error.detail})"
+                    f"ranks {ranks_text(part.contributors)} (via {part.child}) and ranks "
+                    f"{ranks_text(slot.received)} called different operations ({error.detail})"
                 )
                 return group.abort_op(message.op_id, error.code, detail, None)
-            return [refuse(peer, message, error.code, error.detail)]
+            return [refuse(part.peer, message, error.code, error.detail)]
         return None
 
-    def _late(
-        self,
-        key: SlotKey,
-        slot: Slot,
-        peer: PeerId,
-        child: str,
-        message: ChunkMessage,
-        digest: bytes,
-        contributors: frozenset[int],
-    ) -> list[Command]:
+    def _late(self, key: SlotKey, slot: Slot, part: Part) -> list[Command]:
         """A part of a presence pass that went on without it.  The root does not count
         it: the rank gets the Result without having contributed.  Below the root it goes
         up as it is, in case the root is still short of its quorum (a rank that was
@@ -156,15 +153,15 @@ class GroupSlots:
         group = self._group
         result = group.results.get(key)
         if result is not None:
-            return [SendMessage(peer, result)]
+            return [SendMessage(part.peer, result)]
         if group.root:
             return []
         try:
-            check_part(message)
+            check_part(part.message)
         except CcoError as error:
-            return [refuse(peer, message, error.code, error.detail)]
-        slot.note(child, digest, contributors)
-        return group.send_up(retype(message, PartialAggregate))
+            return [refuse(part.peer, part.message, error.code, error.detail)]
+        slot.note(part.child, part.digest, part.contributors)
+        return group.send_up(retype(part.message, PartialAggregate))
 
     def _release(self, key: SlotKey, slot: Slot) -> list[Command]:
         slot.state = SLOT_TABLE.next(slot.state, SlotEvent.WAIT_OVER)

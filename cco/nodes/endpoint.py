@@ -61,7 +61,7 @@ from cco.nodes.events import (
 from cco.nodes.membership import Membership
 from cco.nodes.parent import Dials, ParentLink
 from cco.nodes.planning import Prepared, plan
-from cco.nodes.replies import clip, ranks_text, refuse
+from cco.nodes.replies import ranks_text, refuse
 from cco.nodes.session import RendezvousSession, Tick
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import ranks_from_bitmap
@@ -79,6 +79,7 @@ from cco.wire.messages import (
     Result,
     RetransmitRequest,
     TreeAssignment,
+    clip_detail,
 )
 from cco.wire.registries import Role
 
@@ -251,7 +252,7 @@ class EndpointMachine:
         if isinstance(event, PeerDisconnected):
             return self._on_disconnected(event, now)
         if isinstance(event, MessageMalformed):  # a connection error: report it, close, forget the peer
-            code, detail = event.error.code, clip(event.error.detail)
+            code, detail = event.error.code, clip_detail(event.error.detail)
             closing: list[Command] = [
                 SendMessage(event.peer, Error(code=code, detail=detail)),
                 ClosePeer(event.peer, code, detail),

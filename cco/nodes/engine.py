@@ -41,11 +41,19 @@ from cco.nodes.operation import WireOperation, digest
 from cco.nodes.parent import ParentLink
 from cco.nodes.passes import PresencePass, ScalePass
 from cco.nodes.planning import Prepared
-from cco.nodes.replies import clip, ranks_text
+from cco.nodes.replies import ranks_text
 from cco.wire import payload
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap
-from cco.wire.messages import Abort, BroadcastData, ChunkMessage, Contribution, Result, RetransmitRequest
+from cco.wire.messages import (
+    Abort,
+    BroadcastData,
+    ChunkMessage,
+    Contribution,
+    Result,
+    RetransmitRequest,
+    clip_detail,
+)
 from cco.wire.ops import CONSISTENCY_OPS
 from cco.wire.packing import unpack
 from cco.wire.registries import Collective
@@ -174,7 +182,7 @@ class OperationEngine:
                 epoch=membership.epoch,
                 op_id=first,
                 code=error.code,
-                detail=clip(f"rank {rank}: {error.detail}"),
+                detail=clip_detail(f"rank {rank}: {error.detail}"),
                 missing=bitmap_from_ranks([rank]),
             )
             out.append(SendMessage(self._parent.peer, abort))
@@ -457,7 +465,7 @@ class OperationEngine:
                 epoch=op.epoch,
                 op_id=op.op_id,
                 code=code,
-                detail=clip(f"rank {membership.rank}: {detail}"),
+                detail=clip_detail(f"rank {membership.rank}: {detail}"),
                 missing=bitmap_from_ranks(missing) if missing else None,
             )
             out.append(SendMessage(parent, abort))

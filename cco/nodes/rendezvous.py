@@ -99,7 +99,6 @@ from cco.nodes.rendezvous_states import (
 )
 from cco.nodes.rendezvous_status import RendezvousStatus, snapshot
 from cco.nodes.rendezvous_trees import Trees
-from cco.nodes.replies import clip
 from cco.nodes.tree import AggregatorInfo
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.messages import (
@@ -113,6 +112,7 @@ from cco.wire.messages import (
     JoinRequest,
     Leave,
     Message,
+    clip_detail,
 )
 from cco.wire.registries import GROUP_SECRET_SIZE, Role
 
@@ -182,7 +182,9 @@ class RendezvousMachine:
             self._peer_event(self._peers[event.peer], PeerEvent.DISCONNECTED, None, out)
         elif isinstance(event, MessageMalformed):
             peer = self._peers[event.peer]
-            out.append(SendMessage(peer.peer, Error(code=event.error.code, detail=clip(event.error.detail))))
+            out.append(
+                SendMessage(peer.peer, Error(code=event.error.code, detail=clip_detail(event.error.detail)))
+            )
             out.append(ClosePeer(peer.peer, event.error.code, "malformed message"))
             self._peer_event(peer, PeerEvent.MALFORMED, None, out)
         else:
@@ -192,7 +194,9 @@ class RendezvousMachine:
                 event.message.to_map()  # field ranges: the codec checked them, a direct caller may not
                 self._message(peer, event.message, out)
             except CcoError as exc:
-                error = Error(code=exc.code, detail=clip(exc.detail), message_type=int(event.message.TYPE))
+                error = Error(
+                    code=exc.code, detail=clip_detail(exc.detail), message_type=int(event.message.TYPE)
+                )
                 out.append(SendMessage(peer.peer, error))
         return out
 

@@ -23,12 +23,11 @@ from typing import Any
 import numpy as np
 
 from cco.wire import cbor
-from cco.wire.blockscale import block_count
 from cco.wire.codec import decode_values, encode_values, wire_length
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap
 from cco.wire.mac import CoefficientCache, GroupKeys, contribution_tag, derive_group_keys, expected_tag
-from cco.wire.messages import ChunkMessage, Contribution, chunk_length
+from cco.wire.messages import ChunkMessage, ChunkShape, Contribution
 from cco.wire.modp import P
 from cco.wire.ops import OPS, check_operation, inconsistency, scaling_problem
 from cco.wire.packing import (
@@ -61,7 +60,7 @@ __all__ = [
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ChunkHeader:
+class ChunkHeader(ChunkShape):
     """The fields that identify a chunk; all of them are bound into its tag.
 
     ``width``, ``block_elements`` and ``scales`` are set for block-scaled chunks
@@ -119,16 +118,6 @@ class ChunkHeader:
     def names(self, message: ChunkMessage) -> bool:
         """Whether ``message`` is a part or the result of this header's chunk."""
         return chunk_key(message) == chunk_key(self)
-
-    @property
-    def element_count(self) -> int:
-        """Elements in this chunk."""
-        return chunk_length(self.total_elements, self.chunk_elements, self.chunk_index)
-
-    @property
-    def block_count(self) -> int:
-        """Blocks (and attestation integers) of a block-scaled chunk; 0 otherwise."""
-        return 0 if self.block_elements is None else block_count(self.element_count, self.block_elements)
 
     @property
     def integer_count(self) -> int:
