@@ -128,6 +128,8 @@ class AggregatorGroup:
             return []
         self.state = move.target
         match move.action:
+            case GroupAction.NOTE:  # first: chunks up and down, the per-message events
+                pass
             case GroupAction.ROOT | GroupAction.ADOPT | GroupAction.DIAL:
                 assert assignment is not None
                 return self._adopt(assignment, move.action, now)
@@ -150,8 +152,6 @@ class AggregatorGroup:
                 out += self._close_parent("the group ended here")
                 self._forget_results()
                 return out
-            case GroupAction.NOTE:
-                pass
         return []
 
     def _adopt(self, assignment: TreeAssignment, action: GroupAction, now: float) -> list[Command]:

@@ -22,7 +22,7 @@ import hashlib
 import marshal
 import zlib
 from dataclasses import dataclass, field
-from enum import Enum, IntEnum
+from enum import Enum
 
 from cco.nodes.aggregator_states import SlotEvent, SlotState
 from cco.wire.fields import ranks_from_bitmap
@@ -37,7 +37,7 @@ def fingerprint(message: ChunkMessage) -> bytes:
 
     Kept instead of the part itself, so recognising a retransmission costs 16 or 20
     bytes per child and slot rather than a copy of the data.  What is hashed is the
-    part's chunk identity (:func:`~cco.wire.payload.chunk_key`), its class,
+    part's chunk identity (:func:`~cco.wire.payload.chunk_key`, plain values), its class,
     contributors, width, tag and payload length, serialised by :mod:`marshal`: they
     are integers, bytes and None, which marshal writes with their type and length, so
     two parts serialise alike only if these are equal.  Format version 2, because
@@ -52,7 +52,7 @@ def fingerprint(message: ChunkMessage) -> bytes:
     """
     said = (
         int(message.TYPE),
-        *(int(v) if isinstance(v, IntEnum) else v for v in chunk_key(message)),
+        *chunk_key(message),
         message.contributors,
         message.width,
         message.tag,

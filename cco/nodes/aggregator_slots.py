@@ -101,12 +101,7 @@ class GroupSlots:
             )
             return [refuse(peer, message, ErrorCode.DUPLICATE_CONTRIBUTION, detail)]
         match move.action:
-            case SlotAction.LATE:
-                return self._late(key, slot, part)
-            case SlotAction.RESEND:
-                result = group.results.get(key)
-                return [] if result is None else [SendMessage(peer, result)]
-            case SlotAction.ADD | SlotAction.COMPLETE:
+            case SlotAction.ADD | SlotAction.COMPLETE:  # first: nearly every part is one
                 refused = self._add(key, slot, part)
                 if refused is not None:
                     return refused
@@ -115,6 +110,11 @@ class GroupSlots:
                 if move.action is SlotAction.COMPLETE:
                     return self._complete(key, slot)
                 return self._release(key, slot) if slot.releasable(group.root) else []
+            case SlotAction.LATE:
+                return self._late(key, slot, part)
+            case SlotAction.RESEND:
+                result = group.results.get(key)
+                return [] if result is None else [SendMessage(peer, result)]
         return []  # IGNORE: a copy of what was taken, or the slot is over
 
     def _add(self, key: SlotKey, slot: Slot, part: Part) -> list[Command] | None:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from enum import Enum, StrEnum
 
-from cco.nodes.fsm import Move, TransitionTable
+from cco.nodes.fsm import Move, State, TransitionTable
 from cco.wire.messages import AggregatorAccept, EpochChange, Error, Heartbeat, Message, TreeAssignment
 
 
-class NodeState(Enum):
+class NodeState(State):
     """The aggregator's standing with the rendezvous."""
 
     DETACHED = "detached"  # no rendezvous connection
@@ -23,7 +23,7 @@ class NodeState(Enum):
     REGISTERED = "registered"  # accepted; receives tree assignments
 
 
-class GroupState(Enum):
+class GroupState(State):
     """This aggregator's place in one group's tree."""
 
     UNKNOWN = "unknown"  # no assignment: early data waits in the pending queue
@@ -32,7 +32,7 @@ class GroupState(Enum):
     STALE = "stale"  # the epoch changed; waiting for the new epoch's assignment
 
 
-class SlotState(Enum):
+class SlotState(State):
     """One (group, epoch, op_id, chunk_index) slot."""
 
     COLLECTING = "collecting"  # some expected ranks have not arrived

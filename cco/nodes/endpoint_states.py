@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from enum import Enum, StrEnum
 
-from cco.nodes.fsm import Move, TransitionTable
+from cco.nodes.fsm import Move, State, TransitionTable
 from cco.wire.messages import (
     Abort,
     BroadcastData,
@@ -26,7 +26,7 @@ from cco.wire.messages import (
 )
 
 
-class SessionState(Enum):
+class SessionState(State):
     """One group membership, from the rendezvous connection to leaving."""
 
     IDLE = "idle"  # waiting for the rendezvous connection
@@ -45,7 +45,7 @@ ENDED = frozenset({SessionState.REJECTED, SessionState.LEFT, SessionState.CLOSED
 """The states a session never leaves."""
 
 
-class LinkState(Enum):
+class LinkState(State):
     """The joined session's connection to the rendezvous, beside the session state."""
 
     ATTACHED = "attached"
@@ -53,7 +53,7 @@ class LinkState(Enum):
     RESUMING = "resuming"  # connected again, the JoinRequest that resumes sent
 
 
-class OperationState(Enum):
+class OperationState(State):
     """One collective call (and each scale or presence pass it runs on the wire)."""
 
     QUEUED = "queued"  # started, or started again in a new tree; no chunk has left yet

@@ -232,7 +232,7 @@ class OperationEngine:
         if op.epoch is None:
             op.epoch = membership.epoch
             op.members = op.listed if op.listed is not None else membership.members
-        cls: type[ChunkMessage] = BroadcastData if op.kind is Collective.BROADCAST else Contribution
+        cls: type[ChunkMessage] = BroadcastData if op.broadcast else Contribution
         sealed = payload.seal(
             membership.keys,
             op.header(membership.group_id, index, op.epoch),
@@ -350,7 +350,7 @@ class OperationEngine:
     def _check_header(self, op: WireOperation, message: ChunkMessage) -> payload.ChunkHeader:
         """The operation's header of the chunk; refuses a chunk that is not one of this
         operation's (another op, epoch or shape)."""
-        expected_type = BroadcastData if op.kind is Collective.BROADCAST else Result
+        expected_type = BroadcastData if op.broadcast else Result
         wanted = op.header(self._membership.group_id, message.chunk_index, message.epoch)
         if not isinstance(message, expected_type) or not wanted.names(message):
             header = payload.ChunkHeader.of(message)
@@ -374,7 +374,7 @@ class OperationEngine:
         header = self._check_header(op, message)
         membership = self._membership
         expected = op.members
-        if op.kind is Collective.BROADCAST:
+        if op.broadcast:
             assert op.root is not None
             expected = frozenset({op.root})
         own = None
@@ -576,10 +576,12 @@ class OperationEngine:
         """Move ``op`` along the operation table and do what the move says."""
         move = OPERATION_TABLE.fire(op.state, event)
         op.state = move.target
-        if move.action is OperationAction.RELEASE:
+        action = move.action
+        if action is OperationAction.KEEP:  # first: most moves are a chunk's
+            return
+        self.outstanding -= len(op.outstanding)
+        if action is OperationAction.RELEASE:
             del self._ops[op.op_id]
-            self.outstanding -= len(op.outstanding)
             op.outstanding.clear()
-        elif move.action is OperationAction.RESTART:
-            self.outstanding -= len(op.outstanding)
+        else:
             op.forget_progress()

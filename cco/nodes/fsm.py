@@ -25,6 +25,15 @@ from typing import Generic, TypeVar
 
 from cco.wire.errors import CcoError, ErrorCode
 
+
+class State(Enum):
+    """A state of a transition table.  Its members are singletons, compared by
+    identity, so they hash by identity too: a table looks the current state's row up
+    for every input, and ``Enum``'s own hash (of the member's name) runs in Python."""
+
+    __hash__ = object.__hash__
+
+
 S = TypeVar("S", bound=Enum)
 E = TypeVar("E", bound=StrEnum)
 A = TypeVar("A")

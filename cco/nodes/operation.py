@@ -86,11 +86,15 @@ class WireOperation:
     is verified."""
     receives: bool = field(init=False)
     """Whether this rank gets a result (REDUCE: only the root; BARRIER: nobody)."""
+    broadcast: bool = field(init=False)
+    """The data travels from the root unchanged (BROADCAST): as BroadcastData, from one rank."""
 
     def __post_init__(self) -> None:
-        self.receives = self.kind is not Collective.BARRIER and (
-            self.kind is not Collective.REDUCE or self.root == self.rank
+        kind = self.kind
+        self.receives = kind is not Collective.BARRIER and (
+            kind is not Collective.REDUCE or self.root == self.rank
         )
+        self.broadcast = kind is Collective.BROADCAST
 
     @property
     def ready(self) -> bool:
@@ -196,7 +200,7 @@ class WireOperation:
     @property
     def contributors_count(self) -> int:
         """How many ranks each result integer sums (what AVG divides by)."""
-        return 1 if self.kind is Collective.BROADCAST else len(self.members)
+        return 1 if self.broadcast else len(self.members)
 
     def _result_buffer(self, elements: int) -> np.ndarray:
         return np.empty(elements, dtype=ELEMENT_TYPES[self.dtype].storage)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from enum import Enum, StrEnum
 
-from cco.nodes.fsm import Move, TransitionTable
+from cco.nodes.fsm import Move, State, TransitionTable
 from cco.wire.messages import AggregatorRegister, Error, Heartbeat, JoinRequest, Leave, Message
 
 
-class PeerState(Enum):
+class PeerState(State):
     """One connection to the rendezvous."""
 
     ENDPOINT = "endpoint"
@@ -23,7 +23,7 @@ class PeerState(Enum):
     CLOSED = "closed"
 
 
-class GroupState(Enum):
+class GroupState(State):
     """One group.  PLANNING is transient: handle() never returns in it."""
 
     FORMING = "forming"
@@ -33,7 +33,7 @@ class GroupState(Enum):
     CLOSED = "closed"
 
 
-class MemberState(Enum):
+class MemberState(State):
     """One member of one group."""
 
     JOINED = "joined"

@@ -117,7 +117,8 @@ class ChunkHeader(ChunkShape):
 
     def names(self, message: ChunkMessage) -> bool:
         """Whether ``message`` is a part or the result of this header's chunk."""
-        return chunk_key(message) == chunk_key(self)
+        facts = self._facts
+        return chunk_key(message) == (chunk_key(self) if facts is None else facts.key)
 
     @property
     def integer_count(self) -> int:
@@ -187,16 +188,26 @@ _IDENTITY = (
     "wait_ms",
 )
 _identity = attrgetter(*_IDENTITY)
+_before_kind = attrgetter(*_IDENTITY[:3])
+_after_dtype = attrgetter(*_IDENTITY[6:])
 
 ChunkKey = tuple[Any, ...]
-"""A chunk's identity as a tuple: its identifying fields, then its width if the chunk
-is block-scaled (else None).  A message is a part or the result of the chunk whose
-header has the same key."""
+"""A chunk's identity as a tuple of plain values: its identifying fields in the order
+of ``_IDENTITY`` (kind, op and dtype as their code points), then its width if the
+chunk is block-scaled (else None).  A message is a part or the result of the chunk
+whose header has the same key."""
 
 
 def chunk_key(chunk: ChunkMessage | ChunkHeader) -> ChunkKey:
     """The identity of the chunk ``chunk`` is (a message) or names (a header)."""
-    return (*_identity(chunk), chunk.width if chunk.block_elements is not None else None)
+    return (
+        *_before_kind(chunk),
+        int(chunk.kind),
+        int(chunk.op),
+        int(chunk.dtype),
+        *_after_dtype(chunk),
+        chunk.width if chunk.block_elements is not None else None,
+    )
 
 
 @dataclass(frozen=True, slots=True)
