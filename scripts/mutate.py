@@ -75,7 +75,15 @@ RENDEZVOUS_TESTS = (
     "tests/nodes/test_rendezvous_restore.py",
     "tests/nodes/test_sim_clusters.py",
 )
-ENDPOINT_TESTS = ("tests/nodes/test_endpoint_machine.py", "tests/nodes/test_sim_clusters.py")
+ENDPOINT_TESTS = (
+    "tests/nodes/test_endpoint_session.py",
+    "tests/nodes/test_endpoint_collectives.py",
+    "tests/nodes/test_endpoint_calls.py",
+    "tests/nodes/test_endpoint_results_chunk_by_chunk.py",
+    "tests/nodes/test_endpoint_presence_passes.py",
+    "tests/nodes/test_endpoint_tables.py",
+    "tests/nodes/test_sim_clusters.py",
+)
 
 TARGETS = (
     Target(

@@ -85,8 +85,9 @@ class CollectiveRequest:
     completes); the result is then ``out`` itself, its chunks decoded straight into
     it.  A loop that reuses one ``out`` skips a new array per call, whose first
     writes fault in fresh memory, a large part of a large all-reduce's CPU
-    (``benchmarks/bench_allreduce.py`` measures it).  A rank that gets no result (REDUCE, not the root) leaves it
-    untouched; if the collective fails, its contents are unspecified.
+    (``benchmarks/bench_allreduce.py`` measures it).  A rank that gets no result
+    (REDUCE, not the root) leaves it untouched; if the collective fails, its
+    contents are unspecified.
 
     ``timeout`` in seconds bounds the whole operation.  None (the default) is a
     watchdog instead: the operation fails when none of its chunks completes for the
