@@ -83,8 +83,6 @@ from cco.wire.messages import (
 )
 from cco.wire.registries import Role
 
-_A, _E = SessionAction, SessionEvent
-
 
 @dataclass(slots=True)
 class _Joined:
@@ -194,7 +192,7 @@ class EndpointMachine:
 
     def _startable(self) -> _Joined:
         joined = self._joined
-        if joined is None or not SESSION_TABLE.allows(self._state, _E.START):
+        if joined is None or not SESSION_TABLE.allows(self._state, SessionEvent.START):
             raise CcoError(
                 ErrorCode.PROTOCOL_VIOLATION, f"start() is not allowed in state {self._state.name}"
             )
@@ -203,9 +201,9 @@ class EndpointMachine:
     def leave(self, now: float) -> list[Command]:
         """Leave the group: tell the rendezvous, fail what is in flight, close.  Every
         state allows it (in the terminal ones it does nothing)."""
-        move = SESSION_TABLE.fire(self._state, _E.LEAVE)
+        move = SESSION_TABLE.fire(self._state, SessionEvent.LEAVE)
         self._enter(move.target)
-        if move.action is _A.STAY:
+        if move.action is SessionAction.STAY:
             return []
         joined = self._joined
         out = (
@@ -275,7 +273,7 @@ class EndpointMachine:
         if event.role is Role.RENDEZVOUS:
             if self._joined is not None:
                 return self._resume(event, self._joined)
-            move = SESSION_TABLE.move(self._state, _E.RENDEZVOUS_CONNECTED)
+            move = SESSION_TABLE.move(self._state, SessionEvent.RENDEZVOUS_CONNECTED)
             if move is None:
                 return [ClosePeer(event.peer, ErrorCode.PROTOCOL_VIOLATION, f"session is {self._state.name}")]
             self._enter(move.target)
@@ -283,7 +281,7 @@ class EndpointMachine:
         joined = self._joined
         parent = self._parent
         if event.peer == parent.peer and event.role is Role.AGGREGATOR and event.node_id == parent.node_id:
-            move = SESSION_TABLE.move(self._state, _E.PARENT_CONNECTED)
+            move = SESSION_TABLE.move(self._state, SessionEvent.PARENT_CONNECTED)
             if move is None or joined is None:
                 return []
             self._enter(move.target)
@@ -315,23 +313,23 @@ class EndpointMachine:
         parent = self._parent
         if event.peer != parent.peer or self._joined is None:
             return []
-        move = SESSION_TABLE.move(self._state, _E.PARENT_LOST)
+        move = SESSION_TABLE.move(self._state, SessionEvent.PARENT_LOST)
         if move is None:
             return []
         self._enter(move.target)
-        parent.lost(now, self.config.retry_interval if move.action is _A.REDIAL_LATER else None)
+        parent.lost(now, self.config.retry_interval if move.action is SessionAction.REDIAL_LATER else None)
         self._joined.engine.interrupt_all(f"connection to parent {parent.node_id} lost ({event.code.name})")
         return []
 
     def _lose_rendezvous(self, why: str, now: float) -> list[Command]:
         """Before the JoinAccept the join fails; after it the session detaches and the
         collectives go on over the current tree (see ``rendezvous_grace``)."""
-        move = SESSION_TABLE.move(self._state, _E.RENDEZVOUS_LOST)
+        move = SESSION_TABLE.move(self._state, SessionEvent.RENDEZVOUS_LOST)
         if move is None:
             return []
         self._enter(move.target)
         out = self._session.close(ErrorCode.PEER_LOST, why)
-        if move.action is _A.JOIN_LOST:
+        if move.action is SessionAction.JOIN_LOST:
             return [*out, JoinFailed(self.config.group_id, ErrorCode.PEER_LOST, why), *self._end(why)]
         self._link = LINK_TABLE.next(self._link, LinkEvent.RENDEZVOUS_LOST)
         self._session.detach(now)
@@ -373,7 +371,7 @@ class EndpointMachine:
     def _gone(self, why: str) -> list[Command]:
         """The rendezvous will not have this membership again: the session closes."""
         self._session.forget_detachment()
-        move = SESSION_TABLE.move(self._state, _E.RENDEZVOUS_GONE)
+        move = SESSION_TABLE.move(self._state, SessionEvent.RENDEZVOUS_GONE)
         if move is None:
             return []
         self._enter(move.target)
@@ -396,7 +394,7 @@ class EndpointMachine:
         if isinstance(message, TreeAssignment):
             event: SessionEvent | None = self._classify_tree(message)
         elif isinstance(message, Error):
-            event = _E.ERROR_RENDEZVOUS
+            event = SessionEvent.ERROR_RENDEZVOUS
         else:
             event = FROM_RENDEZVOUS.get(type(message))
         if isinstance(message, JoinAccept | JoinReject | TreeAssignment | EpochChange) and (
@@ -415,22 +413,22 @@ class EndpointMachine:
             return [refuse(rendezvous, message, ErrorCode.PROTOCOL_VIOLATION, why)]
         self._enter(move.target)
         match move.action:
-            case _A.ADOPT:
+            case SessionAction.ADOPT:
                 assert isinstance(message, JoinAccept)
                 membership = Membership(message)
                 self._joined = _Joined(membership, OperationEngine(self.config, membership, self._parent))
                 self._session.accept(membership.heartbeat_interval, now)
-            case _A.REFUSED:
+            case SessionAction.REFUSED:
                 assert isinstance(message, JoinReject | Error)
                 why = f"join {'rejected' if isinstance(message, JoinReject) else 'refused'}: {message.detail}"
                 return [
                     JoinFailed(self.config.group_id, message.code, why),
                     ClosePeer(rendezvous, message.code, why),
                 ]
-            case _A.DIAL | _A.RESUME:
+            case SessionAction.DIAL | SessionAction.RESUME:
                 assert isinstance(message, TreeAssignment) and joined is not None
                 return self._on_tree(message, move.action, joined, now)
-            case _A.CHANGE_EPOCH:
+            case SessionAction.CHANGE_EPOCH:
                 assert isinstance(message, EpochChange) and joined is not None
                 return self._on_epoch_change(message, joined)
         return []  # a Heartbeat or a report: liveness already noted
@@ -438,8 +436,8 @@ class EndpointMachine:
     def _classify_tree(self, message: TreeAssignment) -> SessionEvent:
         parent = message.parent
         if parent is not None and self._parent.reaches(parent.node_id):
-            return _E.TREE_CONNECTED
-        return _E.TREE_DIAL
+            return SessionEvent.TREE_CONNECTED
+        return SessionEvent.TREE_DIAL
 
     def _on_tree(
         self, message: TreeAssignment, action: SessionAction, joined: _Joined, now: float
@@ -449,7 +447,7 @@ class EndpointMachine:
             engine.interrupt_all(f"the tree changed to epoch {message.epoch}")
         membership.adopt(message.params, message.epoch)
         joined.tree = message
-        if action is _A.RESUME:
+        if action is SessionAction.RESUME:
             engine.resume_all()
             return engine.pump(now)
         assert message.parent is not None
@@ -478,21 +476,21 @@ class EndpointMachine:
         assert parent is not None
         if isinstance(message, Heartbeat):
             return []
-        event = _E.ERROR_PARENT if isinstance(message, Error) else FROM_PARENT.get(type(message))
+        event = SessionEvent.ERROR_PARENT if isinstance(message, Error) else FROM_PARENT.get(type(message))
         move = None if event is None else SESSION_TABLE.move(self._state, event)
         joined = self._joined
         if move is None or joined is None:
             why = f"{type(message).__name__} is not allowed from the parent in state {self._state.name}"
             return [refuse(parent, message, ErrorCode.PROTOCOL_VIOLATION, why)]
         match move.action:
-            case _A.CHUNK | _A.ABORT | _A.RESEND:
+            case SessionAction.CHUNK | SessionAction.ABORT | SessionAction.RESEND:
                 assert isinstance(message, Result | BroadcastData | Abort | RetransmitRequest)
                 if message.group_id != self.config.group_id:
                     return []  # another session's traffic
                 if isinstance(message, RetransmitRequest):
                     return joined.engine.resend(message, now)
                 return joined.engine.on_message(message, now)
-            case _A.PARENT_REFUSED:
+            case SessionAction.PARENT_REFUSED:
                 assert isinstance(message, Error)
                 why = f"parent {self._parent.node_id} refused our data: {message.detail}"
                 return joined.engine.fail_all(message.code, why, None)

@@ -58,7 +58,6 @@ from cco.wire.ops import CONSISTENCY_OPS
 from cco.wire.packing import unpack
 from cco.wire.registries import Collective
 
-_E = OperationEvent
 _FINISHED = (OperationState.COMPLETED, OperationState.FAILED)
 _HELD_BACK = (OperationState.QUEUED, OperationState.SENDING)
 _WHOLE_GROUP = (Collective.ALL_GATHER, Collective.REDUCE_SCATTER)  # need every rank
@@ -158,7 +157,7 @@ class OperationEngine:
         for operation in operations:
             self._ops[operation.op_id] = operation
             if operation.source is None:
-                self._apply(operation, _E.ALL_SENT)
+                self._apply(operation, OperationEvent.ALL_SENT)
         out: list[Command] = []
         for operation in operations:
             early = self._early.pop(operation.op_id, [])
@@ -224,7 +223,7 @@ class OperationEngine:
             op.outstanding[op.next_chunk] = now
             self.outstanding += 1
             op.next_chunk += 1
-            self._apply(op, _E.SENT if op.next_chunk < op.chunks else _E.ALL_SENT)
+            self._apply(op, OperationEvent.SENT if op.next_chunk < op.chunks else OperationEvent.ALL_SENT)
         return out
 
     def _seal(self, op: WireOperation, index: int) -> ChunkMessage:
@@ -291,7 +290,7 @@ class OperationEngine:
             except CcoError as error:
                 return out + self._input_changed(op, index, error)
             out.append(SendMessage(parent, message))
-            self._apply(op, _E.RESENT)
+            self._apply(op, OperationEvent.RESENT)
         return out
 
     # --- what comes back --------------------------------------------------------
@@ -316,7 +315,9 @@ class OperationEngine:
                 return []
             missing = ranks_from_bitmap(message.missing) if message.missing is not None else None
             detail = f"aborted by the tree: {message.detail}"
-            return self._finish_failed(op, _E.ABORTED, message.code, detail, missing, tell_tree=False)
+            return self._finish_failed(
+                op, OperationEvent.ABORTED, message.code, detail, missing, tell_tree=False
+            )
         return self._on_chunk(op, message, now)
 
     def _on_chunk(self, op: WireOperation, message: ChunkMessage, now: float) -> list[Command]:
@@ -328,12 +329,12 @@ class OperationEngine:
             if index in op.verified:
                 self._check_copy(op, message)
                 del op.headers[index]  # built again by _check_header: verified chunks keep none
-                self._apply(op, _E.DUPLICATE)
+                self._apply(op, OperationEvent.DUPLICATE)
                 return []
             values = self._verify(op, message)
         except CcoError as error:
             detail = f"chunk {index}: {error.detail}"
-            return self._finish_failed(op, _E.BAD_CHUNK, error.code, detail, None, tell_tree=True)
+            return self._finish_failed(op, OperationEvent.BAD_CHUNK, error.code, detail, None, tell_tree=True)
         op.epoch = message.epoch
         op.verified[index] = digest(message)
         del op.headers[index]  # built by _check_header, if not already by _seal
@@ -343,7 +344,7 @@ class OperationEngine:
             del op.outstanding[index]
             self.outstanding -= 1
         if len(op.verified) < op.chunks:
-            self._apply(op, _E.CHUNK)
+            self._apply(op, OperationEvent.CHUNK)
             return self.pump(now)
         return self._complete(op) + self.pump(now)
 
@@ -407,26 +408,26 @@ class OperationEngine:
             if op.decode_error is not None:
                 detail = f"decoding: {op.decode_error.detail}"
                 return self._finish_failed(
-                    op, _E.BAD_CHUNK, op.decode_error.code, detail, None, tell_tree=False
+                    op, OperationEvent.BAD_CHUNK, op.decode_error.code, detail, None, tell_tree=False
                 )
             assert op.result is not None
             if isinstance(op, PresencePass):  # its contributors decide the members
-                self._apply(op, _E.LAST_CHUNK)
+                self._apply(op, OperationEvent.LAST_CHUNK)
                 for decided in op.decides:
                     if (gated := self._ops.get(decided)) is not None:
                         gated.decide(op.contributors, op)
                         if gated.source is None:
-                            self._apply(gated, _E.ALL_SENT)
+                            self._apply(gated, OperationEvent.ALL_SENT)
                 return []
             if isinstance(op, ScalePass):  # its result is the data operation's scales
-                self._apply(op, _E.LAST_CHUNK)
+                self._apply(op, OperationEvent.LAST_CHUNK)
                 data = self._served(op)
                 if data is not None and data.scaling is not None:
                     data.agree(op.result)
                 return []
             assert isinstance(op, DataOperation)
             result = op.shaped_result()
-        self._apply(op, _E.LAST_CHUNK)
+        self._apply(op, OperationEvent.LAST_CHUNK)
         return [OperationCompleted(op.op_id, result, op.listed)]
 
     # --- ending ---------------------------------------------------------------
@@ -437,7 +438,7 @@ class OperationEngine:
         the other ranks fail at once instead of waiting for this rank."""
         detail = f"chunk {index}: the input changed before the operation completed: {error.detail}"
         missing = frozenset({self._membership.rank})
-        return self._finish_failed(op, _E.BAD_CHUNK, error.code, detail, missing, tell_tree=True)
+        return self._finish_failed(op, OperationEvent.BAD_CHUNK, error.code, detail, missing, tell_tree=True)
 
     def _finish_failed(
         self,
@@ -481,7 +482,7 @@ class OperationEngine:
         for wire_pass in [
             p for p in self._ops.values() if isinstance(p, ScalePass | PresencePass) and p.data is op
         ]:
-            self._apply(wire_pass, _E.LOST)
+            self._apply(wire_pass, OperationEvent.LOST)
         out.append(OperationFailed(op.op_id, self._error(op, code, detail, missing)))
         return out
 
@@ -502,7 +503,7 @@ class OperationEngine:
         """Fail every operation in flight (the tree they used is gone) and forget early data."""
         out: list[Command] = []
         for op in list(self._ops.values()):
-            out += self._finish_failed(op, _E.LOST, code, detail, missing, tell_tree=False)
+            out += self._finish_failed(op, OperationEvent.LOST, code, detail, missing, tell_tree=False)
         for queued in self._early.values():
             self._early_count -= len(queued)
         self._early.clear()
@@ -522,7 +523,7 @@ class OperationEngine:
         if op.interrupted is not None:
             return
         op.interrupted = why
-        self._apply(op, _E.RESTART)
+        self._apply(op, OperationEvent.RESTART)
         if isinstance(op, DataOperation) and op.scaling is not None and op.scaling.agreed is not None:
             op.agree(None)
             agreement = ScalePass.of(op.op_id - 1, op)
@@ -554,7 +555,7 @@ class OperationEngine:
             if op.interrupted is not None:
                 op.interrupted = None
                 if op.source is None:
-                    self._apply(op, _E.ALL_SENT)  # a broadcast receiver only waits
+                    self._apply(op, OperationEvent.ALL_SENT)  # a broadcast receiver only waits
 
     def on_timer(self, now: float) -> list[Command]:
         out: list[Command] = []
@@ -569,7 +570,9 @@ class OperationEngine:
             detail = f"no verified result for chunks {op.missing_chunks()} after {op.timeout:g}s"
             if op.interrupted is not None:
                 detail += f" (waiting for a new tree since: {op.interrupted})"
-            out += self._finish_failed(op, _E.DEADLINE, ErrorCode.TIMEOUT, detail, None, tell_tree=True)
+            out += self._finish_failed(
+                op, OperationEvent.DEADLINE, ErrorCode.TIMEOUT, detail, None, tell_tree=True
+            )
         return out
 
     def _apply(self, op: WireOperation, event: OperationEvent) -> None:
