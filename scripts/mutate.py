@@ -71,7 +71,9 @@ AGGREGATOR_TESTS = (
 the tests that drive them."""
 
 RENDEZVOUS_TESTS = (
-    "tests/nodes/test_rendezvous_machine.py",
+    "tests/nodes/test_rendezvous_membership.py",
+    "tests/nodes/test_rendezvous_trees.py",
+    "tests/nodes/test_rendezvous_tables.py",
     "tests/nodes/test_rendezvous_restore.py",
     "tests/nodes/test_sim_clusters.py",
 )
