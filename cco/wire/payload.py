@@ -3,7 +3,9 @@
 An endpoint turns its tensor into wire integers (:mod:`cco.wire.codec`, or
 :mod:`cco.wire.blockscale` for floats under SUM and AVG), cuts them into chunks and
 seals each one with a homomorphic tag (:func:`seal`).  Aggregators, which hold no
-key, add chunks exactly and add their tags (:func:`combine`).  An endpoint accepts
+key, add chunks exactly and add their tags (:func:`combine`; :class:`Aggregate` as
+the parts arrive).  A chunk's identity is its :class:`ChunkHeader`, which carries
+what checking it found, and :func:`chunk_key` compares a message with it.  An endpoint accepts
 a result only after the range, bitmap, tag and attestation checks
 (:func:`open_verified`), then turns the integers back into its dtype.  The pieces
 live in one module per idea: ``modp`` (exact F_p arithmetic), ``mac`` (keys,
@@ -45,8 +47,12 @@ from cco.wire.registries import MAX_WORLD_SIZE, Collective, DType, ReduceOp
 
 __all__ = [
     "RANGE_BOUND",
+    "Aggregate",
     "ChunkHeader",
     "GroupKeys",
+    "check_encoding",
+    "check_part",
+    "chunk_key",
     "combine",
     "contribution_bound",
     "decode_values",
