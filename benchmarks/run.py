@@ -103,19 +103,20 @@ def log(text: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Net:
-    """A star (rate, MTU) or loopback (star is None); shared by CCO and Gloo."""
+    """A star (rate or unshaped, MTU, GRO) or loopback (star is None); shared by CCO and Gloo."""
 
     endpoints: int
     star: netns.Star | None
     rate_mbit: float | None
     mtu: int | None
+    gro: bool | None = None
 
     @property
     def datagram(self) -> int:
         return LOOPBACK_DATAGRAM if self.mtu is None else netns.quic_datagram_size(self.mtu)
 
     def bound(self, nbytes: int, ring: bool) -> float | None:
-        """S/R, or 2(N-1)/N x S/R for a ring; None on loopback."""
+        """S/R, or 2(N-1)/N x S/R for a ring; None on loopback and unshaped links."""
         if self.rate_mbit is None:
             return None
         seconds = nbytes * 8 / (self.rate_mbit * 1e6)
@@ -124,19 +125,33 @@ class Net:
     def describe(self) -> str:
         if self.star is None:
             return f"loopback, N = {self.endpoints}"
-        return f"star, N = {self.endpoints}, {self.rate_mbit:g} Mbit/s, MTU {self.mtu}"
+        rate = "unshaped" if self.rate_mbit is None else f"{self.rate_mbit:g} Mbit/s"
+        gro = "" if self.gro is None else f", GRO {'on' if self.gro else 'off'}"
+        return f"star, N = {self.endpoints}, {rate}, MTU {self.mtu}{gro}"
+
+
+LOOPBACK = object()
+"""``network``'s rate for loopback (no star); a rate of None is an unshaped star."""
 
 
 @contextlib.contextmanager
 def network(
-    endpoints: int, rate_mbit: float | None, mtu: int | None, queue_ms: float = 100.0
+    endpoints: int,
+    rate_mbit: float | object | None,
+    mtu: int | None,
+    queue_ms: float = 100.0,
+    gro: bool | None = None,
 ) -> Iterator[Net]:
-    if rate_mbit is None or mtu is None:
+    """A star of ``endpoints`` links at ``rate_mbit`` (None: unshaped), or loopback
+    (``rate_mbit`` is :data:`LOOPBACK` or ``mtu`` None)."""
+    if rate_mbit is LOOPBACK or mtu is None:
         yield Net(endpoints, None, None, None)
         return
-    spec = netns.StarSpec(endpoints=endpoints, rate_mbit=rate_mbit, mtu=mtu, queue_ms=queue_ms)
+    assert rate_mbit is None or isinstance(rate_mbit, float | int)
+    rate = None if rate_mbit is None else float(rate_mbit)
+    spec = netns.StarSpec(endpoints=endpoints, rate_mbit=rate, mtu=mtu, queue_ms=queue_ms, gro=gro)
     with netns.Star(spec) as star:
-        yield Net(endpoints, star, rate_mbit, mtu)
+        yield Net(endpoints, star, rate, mtu, gro)
 
 
 def run_timeout(net: Net, nbytes: int, rounds: int) -> float:
@@ -205,6 +220,7 @@ def cco_runs(
                 "endpoint_cpu_seconds": run.cpu_seconds,
                 "wall_seconds": run.wall_seconds,
             }
+            entry.update(datapath_cpu(run, warmup, size, net.endpoints))
             if net.star is not None:
                 after = net.star.link_stats()
                 for way in ("up", "down"):
@@ -215,6 +231,27 @@ def cco_runs(
             results[size] = entry
         usage = cluster.close()
     return results, usage
+
+
+def datapath_cpu(run: netns.EndpointRun, warmup: int, size: int, endpoints: int) -> dict[str, Any]:
+    """The CPU of the timed rounds (after ``warmup``), and the bytes each node moved
+    per CPU second in them: the aggregator its N x S in plus N x S out per round,
+    an endpoint its S up plus S down (the mean of the endpoints).  Empty where the
+    CPU trace does not cover the rounds."""
+    cpu = run.rounds_cpu(warmup)
+    rounds = len(run.reports[0]["rounds"]) - warmup
+    if cpu is None or rounds <= 0:
+        return {}
+    aggregator, per_endpoint = cpu
+    mean_endpoint = sum(per_endpoint) / len(per_endpoint)
+    return {
+        "rounds_cpu_aggregator": aggregator,
+        "rounds_cpu_endpoints": per_endpoint,
+        "aggregator_mb_per_cpu_second": 2 * endpoints * size * rounds / 1e6 / aggregator
+        if aggregator
+        else None,
+        "endpoint_mb_per_cpu_second": 2 * size * rounds / 1e6 / mean_endpoint if mean_endpoint else None,
+    }
 
 
 # --- Gloo --------------------------------------------------------------------------------------
@@ -486,7 +523,7 @@ def sweep(args: argparse.Namespace) -> dict[str, Any]:
     for endpoints in args.endpoints:
         rate, mtu = (None, None) if args.loopback else (args.rate_mbit, args.mtu)
         tmp = mkdir(args.logs / f"n{endpoints}")
-        with network(endpoints, rate, mtu, args.queue_ms) as net:
+        with network(endpoints, rate, mtu, args.queue_ms, args.gro) as net:
             settings = netns.CcoSettings(
                 max_datagram_size=net.datagram,
                 operation_timeout_ms=OPERATION_TIMEOUT_MS,
@@ -881,6 +918,16 @@ def percentile(values: list[float], pct: float) -> float:
 # --- main --------------------------------------------------------------------------------------
 
 
+def rate_arg(text: str) -> float | None:
+    """A link rate in Mbit/s, or None for 'unshaped'."""
+    if text == "unshaped":
+        return None
+    rate = float(text)
+    if rate <= 0:
+        raise argparse.ArgumentTypeError(f"a rate must be positive or 'unshaped', got {text}")
+    return rate
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["gloo-worker"]:
@@ -898,7 +945,17 @@ def main(argv: list[str] | None = None) -> int:
         "--endpoints", type=int, nargs="+", default=[2, 4, 8], help="N values (default 2 4 8)"
     )
     parser.add_argument("--sizes", type=int, nargs="+", default=DEFAULT_SIZES, help="bytes per rank")
-    parser.add_argument("--rate-mbit", type=float, default=40.0, help="tbf rate of each link direction")
+    parser.add_argument(
+        "--rate-mbit",
+        type=rate_arg,
+        default=40.0,
+        help="tbf rate of each link direction, or 'unshaped' (no tbf)",
+    )
+    parser.add_argument(
+        "--gro",
+        choices=("on", "off"),
+        help="veth GRO on both ends of every link (default: the kernel's, off for veth)",
+    )
     parser.add_argument("--queue-ms", type=float, default=100.0, help="tbf queue, in ms at the rate")
     parser.add_argument("--mtu", type=int, default=9000, choices=(1500, 9000), help="veth MTU")
     parser.add_argument("--repeats", type=int, default=3, help="rounds per size (median reported)")
@@ -918,6 +975,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--commit", help="commit measured (default: git HEAD of the tree cco comes from)")
     parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/run[-quick].json)")
     args = parser.parse_args(argv)
+    args.gro = None if args.gro is None else args.gro == "on"
     if args.quick and "--repeats" not in argv:
         args.repeats = 2
     if not args.loopback or args.quick:
