@@ -531,10 +531,12 @@ def sweep(args: argparse.Namespace) -> dict[str, Any]:
                 wan_delay_ms=args.wan_delay_ms,
                 wan_loss=args.wan_loss,
                 quic_backend=args.quic_backend,
+                nodes_from=args.nodes_from,
+                busy_poll_us=args.busy_poll_us,
             )
             cco, usage = cco_runs(net, args.sizes, args.repeats, Path(tmp) / "cco", settings)
             gloo = {}
-            if have_torch and not settings.wan:
+            if have_torch and not settings.wan and not args.no_gloo:
                 gloo = gloo_runs(net, args.sizes, args.repeats, mkdir(Path(tmp) / "gloo"))
         runs.append({"network": net.describe(), "cco": cco, "gloo": gloo, "aggregator": usage})
         points += points_of(net, cco, gloo)
@@ -543,8 +545,17 @@ def sweep(args: argparse.Namespace) -> dict[str, Any]:
             row += [fmt_result(gloo.get(size)) if gloo else "not measured"]
             bound = net.bound(size, ring=False)
             row += [f"S/R {bound:.3g} s" if bound else ""]
+            row += [cpu_figures(cco.get(size, {}))]
             print("  ".join(row), flush=True)
     return {"runs": runs, "points": points}
+
+
+def cpu_figures(entry: dict[str, Any]) -> str:
+    """The warm rounds' MB per CPU second of the aggregator and an endpoint, if measured."""
+    if not entry.get("aggregator_mb_per_cpu_second"):
+        return ""
+    aggregator, endpoint = entry["aggregator_mb_per_cpu_second"], entry["endpoint_mb_per_cpu_second"]
+    return f"MB per CPU s: aggregator {aggregator:.0f} (in+out), endpoint {endpoint:.0f} (up+down)"
 
 
 def fmt_result(entry: dict[str, Any] | None) -> str:
@@ -971,6 +982,15 @@ def main(argv: list[str] | None = None) -> int:
         choices=QUIC_BACKENDS,
         default="qh3",
         help="every CCO node's QUIC implementation, and the bare stream's (default qh3, the nodes' own)",
+    )
+    parser.add_argument(
+        "--busy-poll-us", type=int, help="every CCO node's --busy-poll-us (sweep; default: the nodes')"
+    )
+    parser.add_argument("--no-gloo", action="store_true", help="CCO alone, even where torch is installed")
+    parser.add_argument(
+        "--nodes-from",
+        type=Path,
+        help="a source tree (e.g. a worktree of an older commit) whose cco the nodes run (sweep only)",
     )
     parser.add_argument("--commit", help="commit measured (default: git HEAD of the tree cco comes from)")
     parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/run[-quick].json)")

@@ -433,6 +433,9 @@ class CcoSettings:
     busy_poll_us: int | None = None
     """Every node's ``--busy-poll-us``; None: each role's default (polling in the
     aggregator and the endpoints, none in the rendezvous)."""
+    nodes_from: Path | None = None
+    """A source tree whose ``cco`` the nodes import (on their PYTHONPATH) instead of
+    the harness's: an A/B of two commits with one harness."""
     launcher: Path | None = None
     """A script every node runs through instead of ``python -m cco.cli`` (it ends in
     ``cco.cli.main``), such as ``bench_round_trace.py``'s stamps; ``untagged`` still
@@ -549,6 +552,10 @@ class CcoCluster:
         argv = [*(program or [sys.executable, *default]), *args]
         log = open(self.workdir / f"{name}.log", "w")  # noqa: SIM115 - the child owns it
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if self.settings.nodes_from is not None:
+            env["PYTHONPATH"] = os.pathsep.join(
+                [str(self.settings.nodes_from.resolve()), *filter(None, [os.environ.get("PYTHONPATH")])]
+            )
         # Not the caller's directory: `python -m` puts the working directory first on
         # sys.path, so a node started from a checkout would import that checkout's cco
         # instead of the one PYTHONPATH or the installation names (an A/B of two
