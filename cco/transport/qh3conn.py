@@ -106,6 +106,7 @@ from qh3.quic.tls_bridge import QuicTlsBridge
 
 from cco.transport.certs import Credentials, NodeIdentity
 from cco.transport.connection import ACK_DELAY
+from cco.transport.pathstats import PathStats
 from cco.transport.peercheck import verified_identity
 from cco.transport.qh3tls import AioquicTls
 
@@ -337,6 +338,18 @@ class Qh3Connection:
     def bytes_in_flight(self) -> int:
         core = self._native._core
         return 0 if core is None else core.bytes_in_flight
+
+    def path_stats(self) -> PathStats:
+        """The native core's recovery state (its RTTs are None before a sample)."""
+        core = self._native._core
+        if core is None:
+            return PathStats(smoothed_rtt=None, latest_rtt=None, congestion_window=0, bytes_in_flight=0)
+        return PathStats(
+            smoothed_rtt=core.smoothed_rtt,
+            latest_rtt=core.latest_rtt,
+            congestion_window=core.congestion_window,
+            bytes_in_flight=core.bytes_in_flight,
+        )
 
     @property
     def termination(self) -> aio_events.ConnectionTerminated | None:
