@@ -884,6 +884,9 @@ def quick(args: argparse.Namespace) -> dict[str, Any]:
     ok = "failed" not in entry
     figure = f"completed in {entry['median_seconds']:.1f} s" if ok else "failed: " + entry["failed"][:200]
     targets.append(Target("defaults: 64 MiB, N=4, 40 Mbit/s, MTU 1500, no tuning", "completes", figure, ok))
+    fast_targets, fast_runs = fast_links(run_cco, have_torch, rounds, tmp, bare)
+    targets += fast_targets
+    runs += fast_runs
     elapsed = time.monotonic() - started
     print()
     print(f"{'figure':56} {'target':22} {'verdict':7} measured")
@@ -918,6 +921,179 @@ def quick(args: argparse.Namespace) -> dict[str, Any]:
         "elapsed_seconds": elapsed,
         "latency_rounds": args.latency_rounds,
     }
+
+
+# --- fast links (issue 40) ----------------------------------------------------------------------
+
+FAST_SIZE = 64 * MiB
+CROSSOVER_RATES = (100.0, 200.0, 400.0, 1000.0)
+"""Per-link rates --quick tries, in order, for the highest at which CCO takes at most
+Gloo's time (N = 4, 64 MiB, MTU 9000); the ladder stops at the first rate CCO loses."""
+
+
+def bare_mb_per_cpu_second(run: barequic.StreamRun) -> float:
+    """The bare QUIC stream's MB per CPU second, each byte counted out (at the sender)
+    and in (at the receiver) over the CPU of both: the yardstick of a node's in+out."""
+    return 2 * run.nbytes / (run.sender_cpu + run.receiver_cpu) / 1e6
+
+
+def cpu_target(name: str, entry: dict[str, Any], key: str, limit: float, bare: float) -> Target:
+    value = entry.get(key)
+    if not value:
+        return Target(name, f">= {limit:.0f}", "not measured (the run failed or was too short)", None)
+    figure = f"{value:.0f} (bare QUIC stream, loopback, same run: {bare:.0f}; warm rounds' CPU)"
+    return Target(name, f">= {limit:.0f}", figure, value >= limit)
+
+
+def fast_links(
+    run_cco: Any, have_torch: bool, rounds: int, tmp: Path, bare: barequic.StreamRun
+) -> tuple[list[Target], list[dict[str, Any]]]:
+    """CCO against Gloo on fast links: unshaped with veth GRO off and on (the ratio,
+    and each node's MB per CPU second beside the bare stack's), and the crossover
+    ladder (:data:`CROSSOVER_RATES`, veth GRO at the kernel's default, off)."""
+    targets: list[Target] = []
+    runs: list[dict[str, Any]] = []
+    yardstick = bare_mb_per_cpu_second(bare)
+
+    def case(
+        rate: float | None, gro: bool | None, label: str
+    ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        with network(4, rate, 9000, gro=gro) as net:
+            cco, usage = run_cco(net, [FAST_SIZE], rounds, tmp / f"fast-cco-{label}")
+            gloo = (
+                gloo_runs(net, [FAST_SIZE], rounds, mkdir(tmp / f"fast-gloo-{label}")) if have_torch else {}
+            )
+        runs.append({"network": net.describe(), "cco": cco, "gloo": gloo, "aggregator": usage})
+        return cco[FAST_SIZE], gloo.get(FAST_SIZE)
+
+    for gro in (False, True):
+        state = "on" if gro else "off"
+        cco, gloo = case(None, gro, f"unshaped-gro-{state}")
+        name = f"CCO / Gloo: N=4, unshaped, MTU 9000, 64 MiB, GRO {state}"
+        targets.append(ratio_target(name, cco, gloo, 3.0, have_torch))
+        targets.append(
+            cpu_target(
+                "  aggregator MB per CPU second (in+out)", cco, "aggregator_mb_per_cpu_second", 600, yardstick
+            )
+        )
+        targets.append(
+            cpu_target(
+                "  endpoint MB per CPU second (up+down)", cco, "endpoint_mb_per_cpu_second", 300, yardstick
+            )
+        )
+    name, limit = "crossover: highest rate with CCO <= Gloo (N=4, 64 MiB)", ">= 1000 Mbit/s"
+    if not have_torch:
+        targets.append(Target(name, limit, f"not measured: torch missing ({TORCH_HINT})", None))
+        return targets, runs
+    highest: float | None = None
+    tried = []
+    for rate in CROSSOVER_RATES:
+        cco, gloo = case(rate, None, f"{rate:.0f}")
+        if gloo is None or "failed" in cco or "failed" in gloo:
+            tried.append(f"{rate:.0f}: a run failed")
+            break
+        ratio = cco["median_seconds"] / gloo["median_seconds"]
+        tried.append(f"{rate:.0f}: {ratio:.2f}")
+        if ratio > 1:
+            break
+        highest = rate
+    below = f"below {CROSSOVER_RATES[0]:.0f} Mbit/s" if highest is None else f"{highest:.0f} Mbit/s"
+    figure = f"{below} (CCO / Gloo at {', '.join(tried)})"
+    targets.append(Target(name, limit, figure, highest is not None and highest >= 1000))
+    return targets, runs
+
+
+def rate_sweep(args: argparse.Namespace) -> dict[str, Any]:
+    """CCO / Gloo against the per-link rate (``--rates``, 'unshaped' last) for each N
+    of ``--endpoints``, one size: a table, and a plot under benchmarks/figures/."""
+    have_torch = torch_available() and not args.no_gloo
+    size = args.sizes[0]
+    rows: list[dict[str, Any]] = []
+    runs = []
+    columns = f"{'N':>3} {'rate':>10} {'CCO s':>9} {'Gloo s':>9} {'CCO/Gloo':>9}"
+    print(f"{columns}  MB per CPU s: aggregator, endpoint")
+    for endpoints in args.endpoints:
+        for rate in args.rates:
+            label = "unshaped" if rate is None else f"{rate:g}"
+            tmp = mkdir(args.logs / f"n{endpoints}-{label}")
+            with network(endpoints, rate, args.mtu, args.queue_ms, args.gro) as net:
+                settings = netns.CcoSettings(
+                    max_datagram_size=net.datagram,
+                    operation_timeout_ms=OPERATION_TIMEOUT_MS,
+                    heartbeat_ms=HEARTBEAT_MS,
+                    quic_backend=args.quic_backend,
+                    nodes_from=args.nodes_from,
+                    busy_poll_us=args.busy_poll_us,
+                )
+                cco, usage = cco_runs(net, [size], args.repeats, tmp / "cco", settings)
+                gloo = gloo_runs(net, [size], args.repeats, mkdir(tmp / "gloo")) if have_torch else {}
+            runs.append({"network": net.describe(), "cco": cco, "gloo": gloo, "aggregator": usage})
+            entry, other = cco[size], gloo.get(size, {})
+            row = {"endpoints": endpoints, "rate_mbit": rate, "cco_seconds": entry.get("median_seconds")}
+            row["gloo_seconds"] = other.get("median_seconds")
+            row["ratio"] = (
+                row["cco_seconds"] / row["gloo_seconds"]
+                if row["cco_seconds"] and row["gloo_seconds"]
+                else None
+            )
+            row["aggregator_mb_per_cpu_second"] = entry.get("aggregator_mb_per_cpu_second")
+            row["endpoint_mb_per_cpu_second"] = entry.get("endpoint_mb_per_cpu_second")
+            rows.append(row)
+            times = f"{fmt_seconds(row['cco_seconds'])} {fmt_seconds(row['gloo_seconds'])}"
+            cpu = f"{fmt_number(row['aggregator_mb_per_cpu_second'], 0, 0)}, "
+            cpu += fmt_number(row["endpoint_mb_per_cpu_second"], 0, 0)
+            print(f"{endpoints:>3} {label:>10} {times} {fmt_number(row['ratio'], 9, 2)}  {cpu}", flush=True)
+    png = plot_by_rate(rows, size, args)
+    if png is not None:
+        print(f"plot: {png}")
+    return {"runs": runs, "points": [], "rate_sweep": rows, "figure": str(png) if png else None}
+
+
+def fmt_seconds(value: float | None) -> str:
+    return f"{value:9.3f}" if value is not None else f"{'-':>9}"
+
+
+def fmt_number(value: float | None, width: int, decimals: int) -> str:
+    return f"{value:{width}.{decimals}f}" if value is not None else "-".rjust(width)
+
+
+def plot_by_rate(rows: list[dict[str, Any]], size: int, args: argparse.Namespace) -> Path | None:
+    """CCO / Gloo against the per-link rate, one line per N; the unshaped star at the
+    right end, labelled so."""
+    if find_spec("matplotlib") is None or not any(row["ratio"] for row in rows):
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rates = list(dict.fromkeys(row["rate_mbit"] for row in rows))
+    labels = ["unshaped" if rate is None else f"{rate:g}" for rate in rates]
+    fig, axis = plt.subplots(figsize=(7, 4.5))
+    for endpoints in dict.fromkeys(row["endpoints"] for row in rows):
+        points = [
+            (rates.index(row["rate_mbit"]), row["ratio"]) for row in rows if row["endpoints"] == endpoints
+        ]
+        points = [(x, y) for x, y in points if y]
+        if points:
+            axis.plot(*zip(*points, strict=True), "o-", label=f"N = {endpoints}")
+    axis.axhline(1.0, color="grey", linestyle="--", label="CCO = Gloo")
+    axis.set_xticks(range(len(rates)), labels)
+    axis.set_yscale("log")
+    axis.set_xlabel("per-link rate, Mbit/s (each way)")
+    axis.set_ylabel("CCO time / Gloo time (median)")
+    gro = "" if args.gro is None else f", veth GRO {'on' if args.gro else 'off'}"
+    axis.set_title(f"all-reduce of {human(size)} float32, MTU {args.mtu}{gro}", fontsize=9)
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend(fontsize=8)
+    fig.tight_layout()
+    ns = "".join(str(n) for n in dict.fromkeys(row["endpoints"] for row in rows))
+    path = (
+        mkdir(HERE / "figures") / f"cco-gloo-by-rate-n{ns}-{human(size).replace(' ', '')}-mtu{args.mtu}.png"
+    )
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def percentile(values: list[float], pct: float) -> float:
@@ -963,6 +1139,13 @@ def main(argv: list[str] | None = None) -> int:
         help="tbf rate of each link direction, or 'unshaped' (no tbf)",
     )
     parser.add_argument(
+        "--rates",
+        type=rate_arg,
+        nargs="+",
+        help="a sweep over per-link rates ('unshaped' for none): CCO / Gloo per rate and N, "
+        "a table and a plot under benchmarks/figures/ (one size: the first of --sizes)",
+    )
+    parser.add_argument(
         "--gro",
         choices=("on", "off"),
         help="veth GRO on both ends of every link (default: the kernel's, off for veth)",
@@ -1004,6 +1187,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"run.py: the namespace star is not available: {reason}; use --loopback", file=sys.stderr)
             return 2
     stem = "run-quick" if args.quick else ("run-loopback" if args.loopback else "run")
+    stem = "run-rates" if args.rates and not args.quick else stem
     args.logs = RESULTS / f"{stem}-logs"  # kept until the next run of the same kind, for failures
     shutil.rmtree(args.logs, ignore_errors=True)
     mkdir(args.logs)
@@ -1018,7 +1202,8 @@ def main(argv: list[str] | None = None) -> int:
         f"measuring cco at {header['commit']} ({args.quic_backend}, arithmetic on {header['arithmetic']}) "
         f"on {header['machine']['cpu']} x {header['machine']['cores']}"
     )
-    report = {**header, **(quick(args) if args.quick else sweep(args))}
+    mode = quick if args.quick else (rate_sweep if args.rates else sweep)
+    report = {**header, **mode(args)}
     out = args.out or RESULTS / f"{stem}.json"
     mkdir(out.parent)
     out.write_text(json.dumps(report, indent=2, default=str) + "\n")

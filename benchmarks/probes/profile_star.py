@@ -224,6 +224,44 @@ class Sampler:
         return self.cpu_end - self.cpu_start
 
 
+class PerfSampler:
+    """``perf record`` of one process's on-CPU samples (``cpu-clock``), until stopped.
+
+    py-spy samples a thread whenever it is runnable, and on a host where more
+    processes want the cores than there are, a runnable thread often waits for one:
+    inside ``sched_yield`` above all, so a polling node's samples overstate what its
+    polling costs.  perf's samples are taken on the CPU only, so their shares by
+    library and symbol are CPU; they have no Python frames (Python 3.11)."""
+
+    def __init__(self, pid: int, path: Path, rate: int) -> None:
+        self.path = path
+        argv = ["perf", "record", "-q", "-e", "cpu-clock", "-F", str(rate), "-p", str(pid), "-o", str(path)]
+        self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def report(self, sort: str, top: int) -> list[tuple[float, str]]:
+        """The ``top`` rows of ``perf report --sort <sort>``: (share, name)."""
+        out = subprocess.run(
+            ["perf", "report", "-i", str(self.path), "--stdio", "--sort", sort, "--percent-limit", "0.3"],
+            capture_output=True,
+            text=True,
+        ).stdout
+        rows = []
+        for line in out.splitlines():
+            fields = line.split(None, 1)
+            if len(fields) == 2 and fields[0].endswith("%") and not line.startswith("#"):
+                rows.append((float(fields[0][:-1]) / 100, fields[1].strip()))
+        return rows[:top]
+
+
 def summarize(name: str, stacks: list[tuple[list[str], int]], cpu: float, top: int) -> dict[str, Any]:
     shares: collections.Counter[str] = collections.Counter()
     for frames, count in stacks:
@@ -263,11 +301,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=None)
     parser.add_argument("--top", type=int, default=15, help="innermost frames listed per process")
     parser.add_argument("--no-profile", action="store_true", help="CPU figures only, no py-spy")
+    parser.add_argument(
+        "--perf", action="store_true", help="also perf's on-CPU samples by library and symbol"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     reason = netns.unavailable_reason()
     if reason is not None:
         print(f"profile_star.py: {reason}", file=sys.stderr)
+        return 2
+    if args.perf and shutil.which("perf") is None:
+        print("profile_star.py: perf is not installed (apt-get install linux-perf)", file=sys.stderr)
         return 2
     if not args.no_profile and shutil.which("py-spy") is None:
         print("profile_star.py: py-spy is not installed (pip install py-spy)", file=sys.stderr)
@@ -306,8 +350,14 @@ def main(argv: list[str] | None = None) -> int:
             aggregator = cluster.aggregator_pid
             samplers["aggregator"] = Sampler(aggregator, args.out / "aggregator.folded", args.sample_rate)
             samplers["endpoint 0"] = Sampler(ep_pid, args.out / "endpoint0.folded", args.sample_rate)
+        perfs = {}
+        if args.perf:
+            perfs["aggregator"] = PerfSampler(cluster.aggregator_pid, args.out / "aggregator.perf", 499)
+            perfs["endpoint 0"] = PerfSampler(endpoint_pid(star, 0, 60), args.out / "endpoint0.perf", 499)
         worker.join()
         sampled = {name: sampler.stop() for name, sampler in samplers.items()}
+        for perf in perfs.values():
+            perf.stop()
     if "error" in outcome:
         print(f"the run failed: {outcome['error']}", file=sys.stderr)
         return 1
@@ -341,6 +391,17 @@ def main(argv: list[str] | None = None) -> int:
     for name, sampler in samplers.items():
         stacks = read_folded(sampler.path)
         summary[name] = summarize(name, stacks, sampled[name], args.top)
+    for name, perf in perfs.items():
+        summary[f"{name} (perf)"] = {
+            "dso": perf.report("dso", args.top),
+            "symbol": perf.report("dso,sym", args.top),
+        }
+        print(f"\n{name}, on-CPU samples (perf) by library:")
+        for share, dso in summary[f"{name} (perf)"]["dso"]:
+            print(f"  {share:6.1%}  {dso}")
+        print("  by symbol:")
+        for share, symbol in summary[f"{name} (perf)"]["symbol"]:
+            print(f"  {share:6.1%}  {symbol[:140]}")
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     print(f"\nwrote {args.out}")
     return 0

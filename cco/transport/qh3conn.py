@@ -247,6 +247,7 @@ class _Native(QuicConnection):
         if core is None:
             return []
         datagrams = []
+        logged = self._quic_logger is not None
         while True:
             try:
                 transmit = core.poll_transmit(now)
@@ -256,8 +257,9 @@ class _Native(QuicConnection):
                 break  # the rest of the flight waits for more credit
             if transmit is None:
                 break
-            self._log_datagram("datagrams_sent", transmit[0])
-            self._log_packets("packet_sent", transmit[0])
+            if logged:
+                self._log_datagram("datagrams_sent", transmit[0])
+                self._log_packets("packet_sent", transmit[0])
             datagrams.append((transmit[0], transmit[1]))
         return datagrams
 
