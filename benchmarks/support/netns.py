@@ -42,7 +42,11 @@ on for it (``ethtool -K DEV gro on``; off by default), as a NIC without receive
 offload does; with GRO on, a sender's consecutive UDP datagrams of one size reach a
 socket that asked for them (``UDP_GRO``) as one buffer, as with real NICs, which
 coalesce by default.  ``StarSpec.gro`` sets it on both ends of every link (None:
-the kernel's default); loopback coalesces GSO sends whatever it says.
+the kernel's default).  What veth GRO changes is the datagrams a sender hands over
+one by one: a GSO send (``UDP_SEGMENT``, as the nodes send runs of equal datagrams)
+crosses an unshaped veth as one super-packet and reaches a ``UDP_GRO`` socket whole,
+GRO on or off, as on loopback; a tbf qdisc splits it into frames before the link
+where its bucket is smaller than the super-packet (slow rates, see ``tbf_sizes``).
 
 Requires root, ``ip`` and ``tc`` (iproute2), ``ethtool`` to set GRO, and a kernel
 with veth and tbf; :func:`unavailable_reason` says in one line why a star cannot be
