@@ -1,12 +1,11 @@
-"""``cco-node``'s main once its configuration is resolved: logging, a settled heap, the
-event loop, and the main of the role it runs (:mod:`cco.services.roles` for the
+"""``cco-node``'s main once its configuration is resolved and logging set up: a settled
+heap, the event loop, and the main of the role it runs (:mod:`cco.services.roles` for the
 rendezvous and the aggregator, :mod:`cco.jobs` for an endpoint)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -28,12 +27,8 @@ ROLE_MAINS: dict[str, RoleMain] = {
 
 
 def run_role(cfg: NodeConfig) -> int:
-    """Run the role ``cfg`` names until it ends; its exit status."""
-    logging.basicConfig(
-        level=getattr(logging, cfg.log_level.upper(), logging.INFO),
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-        stream=sys.stderr,
-    )
+    """Run the role ``cfg`` names until it ends; its exit status.  The caller has set up
+    logging (``cco.cli``)."""
     if cfg.role == "endpoint" and cfg.elements > kernels.SMALL:
         # The workload's chunks will run the compiled loops: load them with the rest
         # of start-up, before settle_heap() (see kernels.preload).
