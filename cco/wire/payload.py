@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from cco.wire import cbor
+from cco.wire import cbor, kernels
 from cco.wire.codec import decode_values, encode_values, wire_length
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap
@@ -428,21 +428,21 @@ class Aggregate:
             if total is None:
                 total = total_values.astype(np.int64)
             semantics.combine(total, values, out=total)
-        else:
+        else:  # SUM and AVG: integers add
             _check_input_range(values)
             bound = self._bound + self._part_bound(values, header.width)
-            if bound > self._limit:
-                # the bound cannot clear it: the combination itself decides
-                before = total if total is not None else total_values
-                candidate = semantics.combine(before, values, dtype=np.int64)
-                lo, hi = extremes(candidate)
+            if bound <= self._limit and total is None:  # the first part, widened once a second comes
+                total = np.add(total_values, values, dtype=np.int64)
+            elif total is not None and bound <= self._limit:
+                np.add(total, values, out=total)
+            else:  # the bound cannot clear it: the combination itself decides
+                if total is None:
+                    total = total_values.astype(np.int64)
+                lo, hi = kernels.accumulate(total, values)
                 if (error := _range_error(lo, hi, header.width, "the combination")) is not None:
+                    np.subtract(total, values, out=total)  # exact: both within 2^62
                     raise error
-                total, bound = candidate, max(-lo, hi)
-            elif total is None:
-                total = semantics.combine(total_values, values, dtype=np.int64)
-            else:
-                semantics.combine(total, values, out=total)
+                bound = max(-lo, hi)
             self._bound = bound
         self._total = total
         self._first = None

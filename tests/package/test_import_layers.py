@@ -21,21 +21,32 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("wire", frozenset({"cco.wire"})),
     (
         "machines, transport and settings",
-        frozenset({"cco.nodes", "cco.transport", "cco.config", "cco.workload"}),
+        frozenset({"cco.nodes", "cco.transport", "cco.config", "cco.logs", "cco.workload"}),
     ),
     ("services", frozenset({"cco.services"})),
     ("client", frozenset({"cco.client"})),
     (
         "applications",
         frozenset(
-            {"cco", "cco.jobs", "cco.launch", "cco.cli", "cco.demo", "cco.interop", "cco.localcluster"}
+            {
+                "cco",
+                "cco.__main__",
+                "cco.jobs",
+                "cco.launch",
+                "cco.cli",
+                "cco.demo",
+                "cco.interop",
+                "cco.localcluster",
+                "cco.torch",
+            }
         ),
     ),
 )
 """Lowest first.  A unit (a subpackage, or a top-level module) may import its own
 modules and the units of lower layers; of its own layer, only the applications may
 import each other (the CLI runs the demo and the node's main, the interop runner
-drives the CLI)."""
+drives the CLI).  ``cco.torch`` is the integration to come; ``cco.logs`` sets up a
+process's logging and imports nothing of the package."""
 
 PEERS_MAY_IMPORT = frozenset({"applications"})
 
@@ -46,9 +57,10 @@ def _module_name(path: Path) -> str:
 
 
 def _unit(module: str) -> str:
-    """The layered unit a module belongs to: ``cco.nodes.endpoint`` -> ``cco.nodes``."""
+    """The layered unit a module belongs to: ``cco.nodes.endpoint`` -> ``cco.nodes``
+    (the package itself, ``cco``, is a unit of its own, never a catch-all)."""
     parts = module.split(".")
-    candidates = [".".join(parts[:n]) for n in range(len(parts), 0, -1)]
+    candidates = [".".join(parts[:n]) for n in range(len(parts), 1, -1)] or [module]
     for candidate in candidates:
         if any(candidate in units for _, units in LAYERS):
             return candidate
