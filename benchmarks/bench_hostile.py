@@ -113,7 +113,7 @@ def tamper_report(trials: Trials) -> str:
     codes = ", ".join(f"{code} {count}" for code, count in trials.codes.most_common())
     verdict = "held" if trials.held else "DID NOT HOLD"
     line = (
-        f"  {trials.attack:20} {trials.detected}/{trials.tampered_calls} tampered calls detected on every rank, "
+        f"  {trials.attack:20} {trials.detected}/{trials.tampered_calls} tampered calls failed on all ranks, "
         f"{len(trials.undetected)} returned data, {len(trials.honest_refused)} of "
         f"{trials.calls - trials.tampered_calls} honest calls refused ({codes}): {verdict}"
     )
@@ -133,6 +133,12 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=RSS_RETURN_SECONDS, help="seconds watched after it")
     parser.add_argument("--unloaded", type=float, default=5.0, help="seconds of victim rounds before it")
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies every attack's counts")
+    parser.add_argument(
+        "--heartbeat-ms",
+        type=int,
+        default=1000,
+        help="the rendezvous's heartbeat interval (cco-node's default)",
+    )
     parser.add_argument("--tampering", default=",".join(TAMPERINGS), help="malicious aggregator attacks")
     parser.add_argument("--tamper-trials", type=int, default=200, help="tampered calls per attack (0: none)")
     parser.add_argument("--workdir", type=Path, help="logs and PKI here (default: a temporary directory)")
@@ -156,6 +162,7 @@ def main() -> None:
                 scale=args.scale,
                 unloaded=args.unloaded,
                 settle=args.settle,
+                heartbeat_ms=args.heartbeat_ms,
             )
             outcome = measure(plan, base / attack, sys.stderr)
             print(report(outcome), flush=True)

@@ -45,9 +45,6 @@ RSS_RETURN_FRACTION = 0.10
 """Target: every node's RSS comes back within this fraction of its baseline ..."""
 RSS_RETURN_SECONDS = 60.0
 """... within this many seconds of the attack's end."""
-STARTUP = 4.0
-"""Seconds the attacker's and the newcomer's processes get to import before the
-unloaded window starts."""
 RSS_BOUND_MIB = 192.0
 """Target: no node's RSS passes this during an attack (this benchmark's stated bound: a
 rendezvous or an aggregator idles at 60 to 80 MiB here)."""
@@ -64,6 +61,10 @@ class Plan:
     unloaded: float = 5.0
     settle: float = 60.0
     newcomer_after: float = 2.0
+    startup: float = 4.0
+    """Seconds the attacker's and the newcomer's processes get to import before the
+    unloaded window starts (a Python process starting up would load the CPU in the
+    attack's window)."""
     aggregators: int = 2
     capacity: int = 16
     heartbeat_ms: int = 1000
@@ -349,9 +350,8 @@ def measure(plan: Plan, workdir: Path, log: IO[str] | None = None) -> Outcome:
             str(victim_out),
         )
         _wait_rounds(victim_out, plan.warmup_rounds, victim, 90.0)
-        # The attacker and the newcomer start now and wait for their time: a Python
-        # process starting up (imports) would load the CPU in the attack's window.
-        attack_wall = time.time() + STARTUP + plan.unloaded
+        # the attacker and the newcomer start now and wait for their time (Plan.startup)
+        attack_wall = time.time() + plan.startup + plan.unloaded
         attacker_out = workdir / "attacker.json"
         aggregators = ",".join(f"{h}:{p}" for h, p in cluster.aggregators)
         attacker = cluster.support(
@@ -390,7 +390,7 @@ def measure(plan: Plan, workdir: Path, log: IO[str] | None = None) -> Outcome:
         )
         sampler = Sampler({**cluster.servers(), "victim": victim.pid})
         sampler.start()
-        time.sleep(STARTUP)
+        time.sleep(plan.startup)
         say(f"victim running; {plan.unloaded:g} s unloaded")
         time.sleep(max(0.0, attack_wall - time.time()))
         attack_start = time.monotonic()

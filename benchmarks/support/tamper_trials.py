@@ -2,11 +2,14 @@
 
 For one attack: a rendezvous (``cco-node``) and one aggregator that tampers
 (:mod:`cco.interop.hostile`, the only aggregator, so every group's tree goes through
-it) on loopback; group A (two ranks, in this process) runs ``2 x trials`` all-reduces
-of random shapes and types, in pairs of the same shape; the aggregator attacks the
-second call of each pair and says so in its tamper log.  Group B runs the same
-shape before each of A's calls for the other-group attack, whose results the
-aggregator passes off as A's.  Checked per call, against the log:
+it) on loopback; attacked groups of two ranks (in this process) run ``2 x trials``
+all-reduces of random shapes and types, in pairs of the same shape, one group for
+block-scaled calls and one for the others (integers, and floats small enough for
+the EXACT form), pair by pair as the attack allows.  The aggregator attacks the
+second call of each pair (never-started: the first, sending a result for the
+second) and says so in its tamper log.  For the other-group attack a source group
+runs the same shape before each call; the aggregator passes its results off as
+the attacked group's.  Checked per call, against the log:
 
 * a call the log names failed on every rank with a typed error: detected, and no
   data returned (a rank that returned data counts as undetected, whatever it got);
@@ -45,8 +48,16 @@ from cco.wire.registries import Role
 
 HOST = "127.0.0.1"
 CHUNK_ELEMENTS = 256
-GROUP_A = bytes.fromhex("a1" * 16)
-GROUP_B = bytes.fromhex("b2" * 16)
+SCALED, UNSCALED = "scaled", "unscaled"
+HEARTBEAT_MS = 3000
+"""Members are lost after three intervals without a message: long enough that a
+machine busy with other work does not lose them (the trials judge tampering, not
+liveness)."""
+GROUPS = {UNSCALED: bytes.fromhex("a1" * 16), SCALED: bytes.fromhex("c3" * 16)}
+"""The attacked groups, one per form (a group's calls keep one form: see cco.interop.hostile)."""
+SOURCE = bytes.fromhex("b2" * 16)
+"""The group whose results the other-group attack passes off as another's."""
+EXACT_ELEMENTS = 16  # cco.wire.exact.MAX_ELEMENTS: float sums this small are unscaled
 
 
 @dataclass
@@ -75,19 +86,29 @@ class Trials:
         return out
 
 
-def _call_plan(attack: str, rng: np.random.Generator) -> tuple[np.dtype[Any], int]:
-    """The dtype and element count of one pair of calls."""
+def _forms(attack: str) -> tuple[str, ...]:
+    """The forms ``attack`` is tried in: block-scaled calls (a scale pass, then the
+    data), unscaled ones (integers, and floats of up to 16 elements in the EXACT form),
+    or both, pair by pair."""
     if attack in SCALE_ATTACKS:
-        return np.dtype(np.float32), int(rng.integers(64, 3000))
-    if attack == "swap-chunks":
-        dtype = np.dtype(rng.choice([np.int32, np.float32, np.int64]))
-        return dtype, int(rng.integers(2 * CHUNK_ELEMENTS, 3000))
+        return (SCALED,)
     if attack in ("drop-with-bit", "drop-keep-bit", "count-twice"):
-        dtype = np.dtype(rng.choice([np.int32, np.int64, np.int16, np.float32]))
-        top = 16 if dtype.kind == "f" else 3000  # floats: the EXACT form (block scales fix the width)
-        return dtype, int(rng.integers(1, top + 1))
-    dtype = np.dtype(rng.choice([np.int32, np.int64, np.int16, np.float32, np.float64]))
-    return dtype, int(rng.integers(1, 3000))
+        return (UNSCALED,)  # a sum with a contributor again would not fit a block-scaled width
+    return (UNSCALED, SCALED)
+
+
+def _call_plan(attack: str, form: str, rng: np.random.Generator) -> tuple[np.dtype[Any], int]:
+    """The dtype and element count of one pair of calls of ``form``."""
+    least = 2 * CHUNK_ELEMENTS if attack == "swap-chunks" else 1
+    if form == SCALED:
+        return np.dtype(rng.choice([np.float32, np.float64])), int(rng.integers(max(least, 17), 3000))
+    choices = [np.int32, np.int64, np.int16, np.float32, np.float64]
+    if attack == "swap-chunks":
+        choices = choices[:3]  # a float sum small enough to be EXACT may be a single chunk
+    dtype = np.dtype(rng.choice(choices))
+    if dtype.kind == "f":
+        return dtype, int(rng.integers(1, EXACT_ELEMENTS + 1))
+    return dtype, int(rng.integers(least, 3000))
 
 
 def _inputs(dtype: np.dtype[Any], elements: int, rng: np.random.Generator) -> np.ndarray:
@@ -116,7 +137,7 @@ class _Nodes:
         self.processes: list[subprocess.Popen[str]] = []
         self.handles: list[IO[str]] = []
         workdir.mkdir(parents=True, exist_ok=True)
-        names = [f"{g}-{r}" for g in "ab" for r in range(2)]
+        names = [f"{who}-{r}" for who in (SCALED, UNSCALED, "source") for r in range(2)]
         create_dev_pki(
             self.pki,
             [
@@ -146,6 +167,8 @@ class _Nodes:
                 "4",
                 "--operation-timeout-ms",
                 "5000",
+                "--heartbeat-ms",
+                str(HEARTBEAT_MS),
             ],
         )
         self._wait("rendezvous", "listening")
@@ -157,7 +180,7 @@ class _Nodes:
                 "--attack",
                 attack,
                 "--target-group",
-                GROUP_A.hex(),
+                ",".join(g.hex() for g in GROUPS.values()),
                 "--seed",
                 str(seed),
                 "--tamper-log",
@@ -226,28 +249,35 @@ def run_trials(attack: str, trials: int, workdir: Path, seed: int = 41) -> Trial
     comms: list[BlockingCommunicator] = []
     try:
         rendezvous = f"{HOST}:{nodes.port}"
-        group_a = join_all(
-            GroupSpec(group_id=GROUP_A, world_size=2, rendezvous=rendezvous), ["a-0", "a-1"], nodes.pki, 60
-        )
-        comms += group_a
-        group_b: list[BlockingCommunicator] = []
-        if attack == "other-group":
-            spec_b = GroupSpec(group_id=GROUP_B, world_size=2, rendezvous=rendezvous)
-            group_b = join_all(spec_b, ["b-0", "b-1"], nodes.pki, 60)
-            comms += group_b
+
+        def group(group_id: bytes, names: list[str]) -> list[BlockingCommunicator]:
+            members = join_all(
+                GroupSpec(group_id=group_id, world_size=2, rendezvous=rendezvous), names, nodes.pki, 60
+            )
+            comms.extend(members)
+            return members
+
+        forms = _forms(attack)
+        attacked = {form: group(GROUPS[form], [f"{form}-0", f"{form}-1"]) for form in forms}
+        source = group(SOURCE, ["source-0", "source-1"]) if attack == "other-group" else []
         rng = np.random.default_rng(seed)
-        results: list[tuple[list[np.ndarray], list[np.ndarray | CcoError]]] = []
+        results: dict[str, list[tuple[list[np.ndarray], list[np.ndarray | CcoError]]]] = {
+            f: [] for f in forms
+        }
         for pair in range(trials):
-            dtype, elements = _call_plan(attack, rng)
+            form = forms[pair % len(forms)]
+            dtype, elements = _call_plan(attack, form, rng)
             for _ in range(2):
-                arrays = [_inputs(dtype, elements, rng) for _ in group_a]
-                if group_b:
-                    _run_call(group_b, [_inputs(dtype, elements, rng) for _ in group_b])
-                results.append((arrays, _run_call(group_a, arrays)))
+                arrays = [_inputs(dtype, elements, rng) for _ in range(2)]
+                if source:
+                    _run_call(source, [_inputs(dtype, elements, rng) for _ in range(2)])
+                results[form].append((arrays, _run_call(attacked[form], arrays)))
             if pair % 50 == 49:
                 print(f"  {attack}: {pair + 1} pairs", file=sys.stderr, flush=True)
         time.sleep(0.5)  # the aggregator's last log lines
-        _judge(outcome, results, nodes.tampered())
+        log = nodes.tampered()
+        for form, calls in results.items():
+            _judge(outcome, calls, [line for line in log if line["group"] == GROUPS[form].hex()])
     finally:
         for comm in comms:
             comm.close()
@@ -266,7 +296,7 @@ def _judge(
     attacked = {line["ordinal"] for line in log}
     for line in log:
         outcome.details[line["detail"].split(" ")[0]] += 1
-    outcome.calls = len(results)
+    outcome.calls += len(results)
     for call, (arrays, got) in enumerate(results):
         errors = [g for g in got if isinstance(g, CcoError)]
         data = [g for g in got if not isinstance(g, CcoError)]

@@ -3,10 +3,13 @@
 It runs the honest aggregator machine and rewrites what goes in and out of it, the
 way a compromised aggregator holding no key could: every attack below edits values,
 tags, bitmaps or headers of the Results it sends down (and, for split scales, what
-it accepts from its children).  It attacks one group (``--target-group``), and in
-that group the odd calls only (the first call is 0; a call is one data operation,
-with its scale pass when it is block-scaled), so the honest calls in between show
-that nothing is refused wrongly.  Each tampering is written as a JSON line to
+it accepts from its children).  It attacks the groups named (``--target-group``),
+and in them the odd calls only, so the honest calls in between show that nothing is
+refused wrongly.  A call is one data operation, with its scale pass before it when
+it is block-scaled; the runner keeps every call of a group in one form, so that
+call ``n`` is operation ``n`` (``2n`` and ``2n + 1`` when block-scaled) whether or
+not the aggregator saw it (a call that fails at its start sends nothing).  Each
+tampering is written as a JSON line to
 ``--tamper-log``: the runner (benchmarks/support/tamper_trials.py) checks that every
 call named there failed on every rank and that no rank got data other than the
 exact result.
@@ -49,6 +52,7 @@ from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap
 from cco.wire.messages import ChunkMessage, Contribution, Result
 from cco.wire.modp import P
 from cco.wire.packing import fits_width, minimal_width, narrow, unpack
+from cco.wire.registries import DType, ReduceOp
 
 ATTACKS = (
     "change-element",
@@ -83,6 +87,14 @@ def _shape(message: ChunkMessage) -> tuple[Any, ...]:
     )
 
 
+def _scaled_call(message: ChunkMessage) -> bool:
+    """Whether the chunk is of a block-scaled call: its data (block_elements set) or its
+    scale pass (the MIN of int16 proposals, untagged)."""
+    if message.block_elements is not None:
+        return True
+    return message.tag is None and message.op is ReduceOp.MIN and message.dtype is DType.INT16
+
+
 def _with_values(message: ChunkMessage, values: np.ndarray, **changes: Any) -> ChunkMessage:
     """``message`` carrying other integers: at its fixed width if block-scaled (None
     if they do not fit), else at their smallest width."""
@@ -103,16 +115,16 @@ def _values(message: ChunkMessage) -> np.ndarray:
 class TamperingMachine:
     """The honest aggregator machine ``inner`` with ``attack`` applied to ``target``."""
 
-    def __init__(self, inner: Any, attack: str, target: bytes, seed: int, log: TextIO | None) -> None:
+    def __init__(
+        self, inner: Any, attack: str, targets: frozenset[bytes], seed: int, log: TextIO | None
+    ) -> None:
         if attack not in ATTACKS:
             raise ValueError(f"unknown attack {attack!r}: one of {', '.join(ATTACKS)}")
         self.inner = inner
         self.attack = attack
-        self.target = target
+        self.targets = targets
         self.rng = random.Random(seed)
         self.log = log
-        self._data_ops: dict[bytes, dict[int, int]] = {}  # group -> data op_id -> call ordinal
-        self._scale_ops: dict[tuple[bytes, int], int] = {}  # (group, scale-pass op_id) -> ordinal
         self._parts: dict[ChunkKey, dict[bytes, ChunkMessage]] = {}  # by contributors bitmap
         self._first_scales: dict[ChunkKey, bytes | None] = {}  # split-scale: what the first child said
         self._split: dict[ChunkKey, tuple[str, ChunkMessage]] = {}  # split-scale: (told the truth, the lie)
@@ -139,16 +151,13 @@ class TamperingMachine:
 
     # --- calls ------------------------------------------------------------------------
 
-    def _ordinal(self, message: ChunkMessage) -> int:
-        """The call ``message`` belongs to: data operations (tagged) count in the order
-        they are first seen; a scale pass (untagged) belongs to the next one."""
-        ops = self._data_ops.setdefault(message.group_id, {})
-        if message.tag is not None:
-            return ops.setdefault(message.op_id, len(ops))
-        return self._scale_ops.setdefault((message.group_id, message.op_id), len(ops))
+    @staticmethod
+    def _ordinal(message: ChunkMessage) -> int:
+        """The call ``message`` belongs to (see the module's docstring)."""
+        return message.op_id // 2 if _scaled_call(message) else message.op_id
 
     def _attacked(self, message: ChunkMessage) -> bool:
-        if message.group_id != self.target:
+        if message.group_id not in self.targets:
             return False
         scale_pass = message.tag is None
         if scale_pass != (self.attack in SCALE_ATTACKS):
@@ -177,9 +186,8 @@ class TamperingMachine:
         if not isinstance(event, MessageReceived) or not isinstance(event.message, Contribution):
             return event
         message = event.message
-        if message.group_id != self.target:
+        if message.group_id not in self.targets:
             return event
-        self._ordinal(message)
         if message.tag is not None:
             self._parts.setdefault(_key(message), {})[message.contributors] = message
             agreed = self._first_scales.setdefault(_key(message), message.scales)
@@ -194,7 +202,7 @@ class TamperingMachine:
         if not isinstance(command, SendMessage) or not isinstance(command.message, Result):
             return [command]
         message = command.message
-        if message.group_id != self.target:
+        if message.group_id not in self.targets:
             if message.tag is not None:
                 self._others[_shape(message)] = message
             return [command]
@@ -336,7 +344,9 @@ def run(argv: list[str]) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--attack", required=True, choices=ATTACKS)
-    parser.add_argument("--target-group", required=True, help="the attacked group (32 hex digits)")
+    parser.add_argument(
+        "--target-group", required=True, help="the attacked groups (32 hex digits, comma-separated)"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--tamper-log", help="a JSON line per tampering here")
     parser.add_argument("node", nargs=argparse.REMAINDER, help="cco-node arguments (after --)")
@@ -364,7 +374,8 @@ def run(argv: list[str]) -> int:
             labels=cfg.labels,
         )
         inner = AggregatorMachine(config)
-        machine = TamperingMachine(inner, args.attack, bytes.fromhex(args.target_group), args.seed, log)
+        targets = frozenset(bytes.fromhex(group) for group in args.target_group.split(","))
+        machine = TamperingMachine(inner, args.attack, targets, args.seed, log)
         service = NodeService(machine, cfg.require("node_id"), Role.AGGREGATOR, roles.transport_config(cfg))
         await service.listen(host, port)
         await service.join_rendezvous(*parse_hostport(cfg.rendezvous), cfg.rendezvous_id)

@@ -43,7 +43,13 @@ PLANS = {
     "unfinished-frames": Plan("unfinished-frames", duration=6.0, scale=0.25),
     "garbage-frames": Plan("garbage-frames", duration=10.0, scale=1.0),
 }
-SHORT: dict[str, float | int] = {"warmup_rounds": 10, "unloaded": 2.0, "settle": 10.0, "heartbeat_ms": 3000}
+SHORT: dict[str, float | int] = {
+    "warmup_rounds": 10,
+    "startup": 3.0,
+    "unloaded": 2.0,
+    "settle": 6.0,
+    "heartbeat_ms": 3000,
+}
 """Every plan's phases, shortened; heartbeats at 3 s so that a CPU-starved machine
 does not lose the victim's members for reasons of its own."""
 
