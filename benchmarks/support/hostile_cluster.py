@@ -60,7 +60,7 @@ class Plan:
     warmup_rounds: int = 20
     unloaded: float = 5.0
     settle: float = 60.0
-    newcomer_after: float = 2.0
+    newcomer_after: float = 3.0
     startup: float = 4.0
     """Seconds the attacker's and the newcomer's processes get to import before the
     unloaded window starts (a Python process starting up would load the CPU in the
@@ -92,6 +92,8 @@ class Outcome:
     victim_attacked_ms: float | None
     victim_attacked_p90_ms: float | None
     newcomer: dict[str, Any]
+    newcomer_formed_during_attack: bool
+    """Whether the newcomer group formed before the attacker left."""
     memory: dict[str, NodeMemory]
     attacker: dict[str, Any]
     exits: dict[str, int | None] = field(default_factory=dict)
@@ -416,6 +418,8 @@ def measure(plan: Plan, workdir: Path, log: IO[str] | None = None) -> Outcome:
         after_start = [r for r in rounds if r["t"] >= attack_wall]
         failed = [r for r in after_start if not r["ok"]]
         newcomer_lines = _rounds(newcomer_out)
+        newcomer_line = newcomer_lines[0] if newcomer_lines else {"error": "the newcomer reported nothing"}
+        formed = newcomer_line.get("formed_seconds")
         try:
             attacker_report = json.loads(attacker_out.read_text() or "{}")
         except json.JSONDecodeError:
@@ -436,7 +440,9 @@ def measure(plan: Plan, workdir: Path, log: IO[str] | None = None) -> Outcome:
             victim_unloaded_ms=_median_ms(unloaded),
             victim_attacked_ms=_median_ms(attacked),
             victim_attacked_p90_ms=_p90_ms(attacked),
-            newcomer=newcomer_lines[0] if newcomer_lines else {"error": "the newcomer reported nothing"},
+            newcomer=newcomer_line,
+            newcomer_formed_during_attack=formed is not None
+            and newcomer_line["t"] + formed <= attack_end_wall,
             memory=memory,
             attacker=attacker_report,
         )

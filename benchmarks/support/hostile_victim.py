@@ -113,6 +113,7 @@ def newgroup(args: argparse.Namespace, out: TextIO) -> int:
     started = time.perf_counter()
     line: dict[str, Any] = {
         "group": group.hex(),
+        "t": time.time(),
         "joined_seconds": None,
         "formed_seconds": None,
         "error": None,

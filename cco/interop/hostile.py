@@ -96,8 +96,8 @@ def _scaled_call(message: ChunkMessage) -> bool:
 
 
 def _with_values(message: ChunkMessage, values: np.ndarray, **changes: Any) -> ChunkMessage:
-    """``message`` carrying other integers: at its fixed width if block-scaled (None
-    if they do not fit), else at their smallest width."""
+    """``message`` carrying other integers: at its fixed width if block-scaled (clipped
+    to that width's range if they do not fit), else at their smallest width."""
     values = values.astype(np.int64)
     width = message.width
     if message.block_elements is None:
@@ -113,7 +113,9 @@ def _values(message: ChunkMessage) -> np.ndarray:
 
 
 class TamperingMachine:
-    """The honest aggregator machine ``inner`` with ``attack`` applied to ``target``."""
+    """The honest aggregator machine ``inner`` with ``attack`` applied to the groups in
+    ``targets``.  It keeps what it saw of every chunk (a tool for bounded trial runs,
+    not a node to leave running)."""
 
     def __init__(
         self, inner: Any, attack: str, targets: frozenset[bytes], seed: int, log: TextIO | None
@@ -129,7 +131,8 @@ class TamperingMachine:
         self._first_scales: dict[ChunkKey, bytes | None] = {}  # split-scale: what the first child said
         self._split: dict[ChunkKey, tuple[str, ChunkMessage]] = {}  # split-scale: (told the truth, the lie)
         self._done: dict[ChunkKey, list[ChunkMessage] | None] = {}  # tampered Result per chunk
-        self._held: dict[tuple[bytes, int, int], dict[int, list[SendMessage]]] = {}  # swap-chunks
+        self._held: dict[tuple[bytes, int, int], list[tuple[SendMessage, ChunkMessage]]] = {}  # swap-chunks
+        self._swapped: dict[tuple[bytes, int, int], dict[int, ChunkMessage]] = {}  # swap-chunks: sent
         self._recent: dict[tuple[Any, ...], ChunkMessage] = {}  # replay-old: this group's results
         self._others: dict[tuple[Any, ...], ChunkMessage] = {}  # other-group: other groups' results
 
@@ -296,29 +299,28 @@ class TamperingMachine:
 
     def _swap(self, command: SendMessage, message: ChunkMessage) -> list[Command]:
         """Hold chunk 0's and chunk 1's Results until both are there, then send each
-        with the other's payload and tag."""
+        with the other's payload and tag (and every later copy of them the same)."""
         if message.chunk_index > 1 or message.total_elements < 2 * message.chunk_elements:
             return [command]
         op = (message.group_id, message.epoch, message.op_id)
-        held = self._held.setdefault(op, {})
-        held.setdefault(message.chunk_index, []).append(command)
-        if len(held) < 2 or any(not commands for commands in held.values()):
-            return []
-        first, second = held[0][0].message, held[1][0].message
-        assert isinstance(first, ChunkMessage) and isinstance(second, ChunkMessage)
-        swapped = {
-            0: dataclasses.replace(first, payload=second.payload, tag=second.tag, width=second.width),
-            1: dataclasses.replace(second, payload=first.payload, tag=first.tag, width=first.width),
-        }
-        self._note(first, "chunks 0 and 1 swapped")
-        out: list[Command] = [
-            dataclasses.replace(c, message=swapped[index])
-            for index, commands in held.items()
-            for c in commands
-        ]
-        held.clear()
-        held.update({0: [], 1: []})  # later copies (retransmissions) go through as they are
-        return out
+        swapped = self._swapped.get(op)
+        if swapped is None:
+            held = self._held.setdefault(op, [])
+            held.append((command, message))
+            first = {m.chunk_index: m for _, m in held}
+            if len(first) < 2:
+                return []
+            swapped = self._swapped[op] = {
+                0: dataclasses.replace(
+                    first[0], payload=first[1].payload, tag=first[1].tag, width=first[1].width
+                ),
+                1: dataclasses.replace(
+                    first[1], payload=first[0].payload, tag=first[0].tag, width=first[0].width
+                ),
+            }
+            self._note(first[0], "chunks 0 and 1 swapped")
+            return [dataclasses.replace(c, message=swapped[m.chunk_index]) for c, m in self._held.pop(op)]
+        return [dataclasses.replace(command, message=swapped[message.chunk_index])]
 
     def _split_scales(self, command: SendMessage, message: ChunkMessage) -> SendMessage:
         """The first child told the agreed scales, every other one a lower scale for

@@ -8,7 +8,7 @@ its timing targets (a test must pass on a busy machine: the victim's round time
 and the two seconds for a new group are the benchmark's to judge):
 
 * the victim group's every result is exact, and none of its operations fails;
-* a new group forms while the attack runs (within its 20 s join timeout);
+* a new group forms while the attack runs;
 * no node's RSS grows by more than ``GROWTH_MIB`` over its baseline;
 * every node's RSS comes back within 10% of its baseline before the test ends;
 * every hostile input gets an Error or a close.
@@ -36,7 +36,7 @@ GROWTH_MIB = 40.0
 
 PLANS = {
     "join-flood": Plan("join-flood", duration=6.0, scale=0.2),
-    "capacity": Plan("capacity", duration=6.0, scale=1.0),
+    "capacity": Plan("capacity", duration=10.0, scale=1.0, newcomer_after=4.0),
     "spoofed-initials": Plan("spoofed-initials", duration=6.0, scale=0.1),
     "slow-reader": Plan("slow-reader", duration=6.0, scale=0.25),
     "parked-chunks": Plan("parked-chunks", duration=6.0, scale=0.25),
@@ -54,6 +54,11 @@ SHORT: dict[str, float | int] = {
 does not lose the victim's members for reasons of its own."""
 
 MISSING: dict[tuple[str, str], tuple[str, bool]] = {
+    ("victim", "join-flood"): (
+        "no per-connection throttle at the rendezvous (issue 41 item 1): while it answers the "
+        "flood it answers nobody's heartbeats, loses the victim's members and their sessions end",
+        False,
+    ),
     ("newcomer", "join-flood"): (
         "no per-connection throttle or pending-join quota at the rendezvous (issue 41 item 1): "
         "1,000 JoinRequests on one connection keep its loop busy, a new connection gets no session",
@@ -129,7 +134,7 @@ def test_no_victim_operation_fails(outcome: Outcome, request: pytest.FixtureRequ
 
 def test_a_new_group_forms_during_the_attack(outcome: Outcome, request: pytest.FixtureRequest) -> None:
     _expect(request, "newcomer", outcome.attack)
-    assert outcome.newcomer.get("formed_seconds") is not None, outcome.newcomer.get("error")
+    assert outcome.newcomer_formed_during_attack, outcome.newcomer
 
 
 def test_memory_stays_bounded(outcome: Outcome, request: pytest.FixtureRequest) -> None:
