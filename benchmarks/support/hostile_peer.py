@@ -591,6 +591,9 @@ async def _answer(
         return answered[0] if answered else "nothing"
 
 
+CONCURRENT_INPUTS = 8
+"""Hostile inputs in flight at once: enough to finish the catalogue in seconds, few
+enough that the handshakes themselves do not keep a busy machine from answering."""
 ANSWER_WAIT = 7.0
 """Seconds a hostile input waits for its answer: an aggregator answers a parked chunk
 when its pending timeout (5 s) passes."""
@@ -605,9 +608,15 @@ async def garbage_frames(setup: Setup, tally: Tally) -> None:
         f"aggregator-{i}": a for i, a in enumerate(setup.aggregators)
     }
     cases = [(server, address, *case) for server, address in targets.items() for case in hostile_inputs()]
+    at_once = asyncio.Semaphore(CONCURRENT_INPUTS)
+
+    async def one(index: int, address: tuple[str, int], name: str, stream: int | None, data: bytes) -> str:
+        async with at_once:
+            return await _one_input(setup, address, setup.identity(index), name, stream, data, ANSWER_WAIT)
+
     got = await asyncio.gather(
         *(
-            _one_input(setup, address, setup.identity(index), name, stream, data, ANSWER_WAIT)
+            one(index, address, name, stream, data)
             for index, (_, address, name, stream, data) in enumerate(cases)
         ),
         return_exceptions=True,
