@@ -11,7 +11,9 @@ a target raises anything but a typed refusal, which it reports with the input.
 
 ``--target all`` spreads each input over every target (the first byte chooses).
 Arguments after ``--`` go to libFuzzer unchanged: ``-runs=N``, ``-max_total_time=S``,
-``-max_len=N``, a corpus directory, ``-jobs=N``.  At the end it prints the inputs
+``-max_len=N``, a corpus directory, ``-jobs=N``, ``-artifact_prefix=DIR/`` (where a
+failing or slow input is written; the current directory by default: on a busy
+machine an input that waited for the CPU is reported slow, so time it again).  At the end it prints the inputs
 fed, accepted and refused per target every 100,000 inputs (libFuzzer ends the
 process without running Python's exit handlers; its own last line, ``Done N runs``,
 is the total).
