@@ -437,9 +437,7 @@ class AggregatorMachine:
         message: Result | BroadcastData | Abort | RetransmitRequest,
         now: float,
     ) -> list[Command]:
-        if not GROUP_TABLE.allows(group.state, GroupEvent.CHUNK_DOWN):
-            return [refuse(peer, message, ErrorCode.UNKNOWN_GROUP, "group is not assigned here")]
-        group.event(GroupEvent.CHUNK_DOWN, now)
+        group.event(GroupEvent.CHUNK_DOWN, now)  # the parent is up: the group is ACTIVE or STALE
         if group.assignment is None or message.epoch != group.epoch:
             return []  # an old epoch's traffic, already aborted locally
         if isinstance(message, Abort):

@@ -14,6 +14,8 @@ from endpoint_rig import (
     PARAMS,
     QUORUM,
     WORLD,
+    Rig,
+    accept,
     failures,
     int_request,
     joined,
@@ -24,6 +26,8 @@ from endpoint_rig import (
 from cco.nodes.calls import CollectiveRequest
 from cco.nodes.data_operation import source_of
 from cco.nodes.endpoint import EndpointMachine
+from cco.nodes.endpoint_states import SessionState
+from cco.nodes.events import PeerConnected
 from cco.nodes.operation import Quorum
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.messages import (
@@ -31,7 +35,7 @@ from cco.wire.messages import (
     Contribution,
     EpochChange,
 )
-from cco.wire.registries import Collective, DType, ReduceOp
+from cco.wire.registries import Collective, DType, ReduceOp, Role
 
 
 @pytest.mark.parametrize(
@@ -80,6 +84,22 @@ def test_misuse_raises_without_consuming_an_op_id(request_: CollectiveRequest, c
         rig.start(request_)
     assert info.value.code is code
     assert rig.start(CollectiveRequest(kind=Collective.BARRIER))[0] == 0
+
+
+def test_a_joined_session_starts_nothing_without_a_tree_or_once_it_left() -> None:
+    """start() and prepare() need a session that can send: joined is not enough."""
+    rig = Rig()
+    rig.feed(PeerConnected("rv", "rendezvous", Role.RENDEZVOUS))
+    rig.rendezvous(accept())  # admitted, but no tree yet
+    assert rig.machine.rank is not None and rig.machine.state is SessionState.ACCEPTED
+    barrier = CollectiveRequest(kind=Collective.BARRIER)
+    for call in (lambda: rig.start(barrier), lambda: rig.machine.prepare(barrier)):
+        with pytest.raises(CcoError, match="is not allowed in state ACCEPTED") as info:
+            call()
+        assert info.value.code is ErrorCode.PROTOCOL_VIOLATION
+    rig.machine.leave(rig.now)
+    with pytest.raises(CcoError, match="is not allowed in state LEFT"):
+        rig.start(barrier)
 
 
 @pytest.mark.parametrize("root", [-1, WORLD])

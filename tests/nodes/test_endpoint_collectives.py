@@ -409,6 +409,20 @@ def test_a_genuine_result_of_another_operation_is_refused(change: dict[str, obje
     parts = [payload.seal(KEYS, header, r, values) for r in range(WORLD)]
     (error,) = failures(rig.from_parent(payload.combine(parts, Result)))
     assert error.code is ErrorCode.OPERATION_MISMATCH and error.op_id == op_id
+    assert "does not match the operation" in error.detail
+
+
+def test_the_operations_chunk_in_another_kind_of_message_is_refused() -> None:
+    """An all-reduce's result comes as a Result: the same chunk as BroadcastData, its
+    identity and tag intact, is not taken for it."""
+    rig = joined()
+    op_id, out = rig.start(int_request(list(range(4))))
+    (first,) = sent(out, rig.parent, Contribution)
+    result = result_for(first)
+    disguised = BroadcastData(**{f.name: getattr(result, f.name) for f in dataclasses.fields(result)})
+    (error,) = failures(rig.from_parent(disguised))
+    assert error.code is ErrorCode.OPERATION_MISMATCH and error.op_id == op_id
+    assert error.detail.startswith(f"group {GROUP.hex()} op {op_id} ALL_REDUCE: chunk 0: BroadcastData")
 
 
 @pytest.mark.parametrize("explicit", [False, True])
