@@ -15,7 +15,8 @@ and the two seconds for a new group are the benchmark's to judge):
 
 Where a protection of issue 41 does not exist yet the test is marked xfail with
 what is missing (:data:`MISSING`); phase 2 builds it and removes the mark (the
-strict marks turn an unexpected pass into a failure).
+strict marks turn an unexpected pass into a failure; a harm that a quiet, fast
+machine may escape is marked non-strict).
 """
 
 from __future__ import annotations
@@ -63,12 +64,12 @@ MISSING: dict[tuple[str, str], tuple[str, bool]] = {
     ("newcomer", "join-flood"): (
         "no per-connection throttle or pending-join quota at the rendezvous (issue 41 item 1): "
         "1,000 JoinRequests on one connection keep its loop busy, a new connection gets no session",
-        True,
+        False,
     ),
     ("newcomer", "capacity"): (
         "no groups-per-peer quota (issue 41 item 1): one peer's one-member groups take every "
         "aggregator slot, and the newcomers hear TIMEOUT instead of NO_AGGREGATOR",
-        True,
+        False,
     ),
     ("victim", "spoofed-initials"): (
         "no handshake flood protection (issue 41 item 2: Retry past a threshold, a cap on half-open "
