@@ -66,6 +66,11 @@ class TransportConfig:
     net.core.rmem_max / wmem_max).  Large datagrams arriving in bursts from several
     peers overflow the default (~208 KiB) receive buffer; every drop costs a QUIC
     loss-recovery delay, which dominated collective latency on loopback."""
+    messages_per_turn: int = 64
+    """Messages of one connection handed to its listener (the node's machine) in one
+    turn of the event loop; the rest wait for the next turns, held by the receive
+    buffer's bound.  A flood on one connection is thus throttled on that connection,
+    and every other connection is heard between two of its batches."""
     versions: tuple[int, ...] = SUPPORTED_VERSIONS
     """Protocol versions offered (client) or accepted (server)."""
     close_on_decode_error: bool = True
@@ -96,6 +101,8 @@ class TransportConfig:
         for name in ("idle_timeout", "hello_timeout", "close_flush_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive")
+        if self.messages_per_turn < 1:
+            raise ValueError("messages_per_turn must be at least 1")
         for name in ("receive_window", "receive_buffer", "send_buffer"):
             if getattr(self, name) < 64 * 1024:
                 raise ValueError(f"{name} must be at least 64 KiB")

@@ -207,6 +207,8 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         self._readable = asyncio.Event()
         self._listener: Listener | None = None
         self._close_heard = False  # the listener was told of the close
+        self._delivered = 0  # messages handed to the listener in this turn of the event loop
+        self._turn: asyncio.Handle | None = None  # starts the next turn's budget
         self._drainers: list[asyncio.Future[None]] = []
         self._transmit_handle: asyncio.Handle | None = None
         self._close_reason: tuple[ErrorCode, str] | None = None
@@ -371,13 +373,35 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
             self._loop.call_soon(self._hand_over)
 
     def _hand_over(self) -> None:
-        """Hand the listener what is queued, then the close if the link has closed."""
+        """Hand the listener what is queued, within this turn's budget (the rest on
+        the next turns), then the close once nothing is left."""
         assert self._listener is not None
-        while self._inbox:
+        while self._inbox and self._within_budget():
             self._listener.deliver(self._take())
-        if self._close_reason is not None and not self._close_heard:
+        if not self._inbox and self._close_reason is not None and not self._close_heard:
             self._close_heard = True
             self._listener.closed(*self._close_reason)
+
+    def _within_budget(self) -> bool:
+        """Count one more message handed to the listener in this turn of the event
+        loop; False when the turn's ``messages_per_turn`` are spent.
+
+        So one connection's flood costs its node at most that many messages' work
+        between two looks at every other connection's datagrams and timers: the rest
+        wait in the inbox, whose bound freezes the flooder's credit (:meth:`_enqueue`).
+        """
+        if self._delivered >= self._config.messages_per_turn:
+            return False
+        self._delivered += 1
+        if self._turn is None:
+            self._turn = self._loop.call_soon(self._next_turn)
+        return True
+
+    def _next_turn(self) -> None:
+        self._turn = None
+        self._delivered = 0
+        if self._listener is not None and (self._inbox or self._close_reason is not None):
+            self._hand_over()
 
     def _thaw(self) -> None:
         """After unfreezing: take the events a backend held back (qh3 does), send the credit."""
@@ -386,7 +410,7 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         self._schedule_transmit()
 
     def _enqueue(self, item: Message | CcoError, size: int) -> None:
-        if self._listener is not None and not self._inbox:
+        if self._listener is not None and not self._inbox and self._within_budget():
             self._listener.deliver(item)
             return
         self._inbox.append((item, size))

@@ -56,21 +56,6 @@ SHORT: dict[str, float | int] = {
 does not lose the victim's members for reasons of its own."""
 
 MISSING: dict[tuple[str, str], tuple[str, bool]] = {
-    ("victim", "join-flood"): (
-        "no per-connection throttle at the rendezvous (issue 41 item 1): while it answers the "
-        "flood it answers nobody's heartbeats, loses the victim's members and their sessions end",
-        False,
-    ),
-    ("newcomer", "join-flood"): (
-        "no per-connection throttle or pending-join quota at the rendezvous (issue 41 item 1): "
-        "1,000 JoinRequests on one connection keep its loop busy, a new connection gets no session",
-        False,
-    ),
-    ("newcomer", "capacity"): (
-        "no groups-per-peer quota (issue 41 item 1): one peer's one-member groups take every "
-        "aggregator slot, and the newcomers hear TIMEOUT instead of NO_AGGREGATOR",
-        False,
-    ),
     ("victim", "spoofed-initials"): (
         "no handshake flood protection (issue 41 item 2: Retry past a threshold, a cap on half-open "
         "connections): the Initials starve the event loops, the victim's members are lost",

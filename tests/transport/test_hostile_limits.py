@@ -1,0 +1,153 @@
+"""What one hostile peer can make a node's transport hold (issue 41): its messages are
+handed over a bounded number per turn of the event loop, a peer that does not read
+is closed once its send queue is over its bound, partial frames are bounded per
+connection and per node and time out, and a flood of handshakes creates no
+connection past a threshold."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from cco.transport import LocalIdentity, PeerLink, Server, TransportConfig, connect, serve
+from cco.transport.certs import create_dev_pki
+from cco.transport.link import LinkProtocol
+from cco.wire.errors import CcoError, ErrorCode
+from cco.wire.messages import Capabilities, Contribution, Heartbeat, Message
+from cco.wire.registries import Collective, DType, ReduceOp, Role
+
+pytestmark = pytest.mark.quic_backends()
+
+T = TypeVar("T")
+CAPS = Capabilities(
+    dtypes=(DType.INT32,),
+    ops=(ReduceOp.SUM,),
+    collectives=(Collective.ALL_REDUCE,),
+    max_message_size=1 << 24,
+    max_chunk_elements=1 << 20,
+    extensions=(),
+)
+ROLES = {"agg-1": Role.AGGREGATOR, "ep-1": Role.ENDPOINT, "ep-2": Role.ENDPOINT}
+KIB = 1024
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("pki")
+    create_dev_pki(directory, list(ROLES.items()))
+    return directory
+
+
+def run(test: Callable[[], Awaitable[T]], timeout: float = 60.0) -> T:
+    async def main() -> T:
+        return await asyncio.wait_for(test(), timeout)
+
+    return asyncio.run(main())
+
+
+def config(pki: Path, node_id: str, **overrides: Any) -> TransportConfig:
+    return TransportConfig.for_node(pki, node_id, **overrides)
+
+
+@asynccontextmanager
+async def server(pki: Path, **overrides: Any) -> AsyncIterator[tuple[Server, asyncio.Queue[PeerLink]]]:
+    accepted: asyncio.Queue[PeerLink] = asyncio.Queue()
+    srv = await serve(
+        "127.0.0.1", 0, config(pki, "agg-1", **overrides), LocalIdentity("agg-1", Role.AGGREGATOR, CAPS),
+        accepted.put_nowait,
+    )  # fmt: skip
+    try:
+        yield srv, accepted
+    finally:
+        await srv.close()
+
+
+async def dial(srv: Server, pki: Path, node_id: str = "ep-1", **overrides: Any) -> PeerLink:
+    host, port = srv.address
+    identity = LocalIdentity(node_id, ROLES[node_id], CAPS)
+    return await connect(host, port, config(pki, node_id, **overrides), identity, "agg-1", timeout=10)
+
+
+def protocol(link: PeerLink) -> LinkProtocol:
+    return link._protocol
+
+
+def chunk(index: int, elements: int) -> Contribution:
+    return Contribution(
+        group_id=b"A" * 16,
+        epoch=0,
+        op_id=1,
+        kind=Collective.ALL_REDUCE,
+        op=ReduceOp.SUM,
+        dtype=DType.INT32,
+        total_elements=elements * 1000,
+        chunk_elements=elements,
+        chunk_index=index,
+        contributors=b"\x01",
+        width=4,
+        payload=bytes(4 * elements),
+    )
+
+
+class TurnRecorder:
+    """A listener that notes, for each message, the turn of the event loop it came in."""
+
+    def __init__(self) -> None:
+        self.turn = 0
+        self.turns: list[int] = []
+        self.items: list[Message | CcoError] = []
+        self.closes: list[tuple[ErrorCode, str]] = []
+        self._ticking = True
+        asyncio.get_running_loop().call_soon(self._tick)
+
+    def _tick(self) -> None:
+        self.turn += 1
+        if self._ticking:
+            asyncio.get_running_loop().call_soon(self._tick)
+
+    def stop(self) -> None:
+        self._ticking = False
+
+    def deliver(self, item: Message | CcoError) -> None:
+        self.items.append(item)
+        self.turns.append(self.turn)
+
+    def closed(self, code: ErrorCode, detail: str) -> None:
+        self.closes.append((code, detail))
+
+
+# --- a bounded number of messages per connection per turn ------------------------------
+
+
+def test_a_burst_on_one_connection_is_handed_over_a_bounded_number_per_turn(pki: Path) -> None:
+    async def test() -> None:
+        async with server(pki, messages_per_turn=4) as (srv, accepted):
+            link = await dial(srv, pki)
+            peer = await accepted.get()
+            recorder = TurnRecorder()
+            peer.listen(recorder)
+            burst = [Heartbeat(seq=n) for n in range(200)]
+            for message in burst:
+                link.send(message)
+            link.flush()
+            while len(recorder.items) < len(burst):
+                await asyncio.sleep(0.01)
+            recorder.stop()
+            assert recorder.items == burst, "all of them, in order"
+            per_turn: dict[int, int] = {}
+            for turn in recorder.turns:
+                per_turn[turn] = per_turn.get(turn, 0) + 1
+            assert max(per_turn.values()) == 4
+            assert len(per_turn) >= len(burst) // 4
+
+    run(test)
+
+
+def test_a_messages_per_turn_below_one_is_refused(pki: Path) -> None:
+    with pytest.raises(ValueError, match="messages_per_turn"):
+        config(pki, "agg-1", messages_per_turn=0)
