@@ -66,6 +66,14 @@ class TransportConfig:
     net.core.rmem_max / wmem_max).  Large datagrams arriving in bursts from several
     peers overflow the default (~208 KiB) receive buffer; every drop costs a QUIC
     loss-recovery delay, which dominated collective latency on loopback."""
+    send_queue_limit: int = 8 * MiB
+    """Bytes handed to QUIC for one accepted connection and not yet sent, beyond which
+    the peer is taken not to read: the connection is closed at once with
+    RESOURCE_EXHAUSTED and what was queued for it is dropped.  An honest peer is owed
+    at most ``window`` chunk messages per group it shares with this node; a node
+    that serves many groups to one peer (an aggregator below another) or very large
+    chunks needs more.  Links this node dialled are not bounded: they carry what
+    this node itself chose to send."""
     messages_per_turn: int = 64
     """Messages of one connection handed to its listener (the node's machine) in one
     turn of the event loop; the rest wait for the next turns, held by the receive
@@ -103,7 +111,12 @@ class TransportConfig:
                 raise ValueError(f"{name} must be positive")
         if self.messages_per_turn < 1:
             raise ValueError("messages_per_turn must be at least 1")
-        for name in ("receive_window", "receive_buffer", "send_buffer"):
+        for name in (
+            "receive_window",
+            "receive_buffer",
+            "send_buffer",
+            "send_queue_limit",
+        ):
             if getattr(self, name) < 64 * 1024:
                 raise ValueError(f"{name} must be at least 64 KiB")
         if not self.versions or any(not 0 <= v < 1 << 32 for v in self.versions):

@@ -58,6 +58,8 @@ class Server(SegmentedDatagramProtocol):
         self._protocols: set[LinkProtocol] = set()
         self._handlers: set[asyncio.Task[None]] = set()
         self._closing = False
+        self.on_connection_ended: Callable[[], None] = lambda: None
+        """Called whenever a connection has terminated and its memory is released."""
 
     @property
     def address(self) -> tuple[str, int]:
@@ -166,6 +168,7 @@ class Server(SegmentedDatagramProtocol):
         self._protocols.discard(protocol)
         for cid in [cid for cid, p in self._routes.items() if p is protocol]:
             del self._routes[cid]
+        self.on_connection_ended()
 
     def _on_opened(self, opened: asyncio.Future[PeerLink]) -> None:
         if opened.cancelled() or opened.exception() is not None:

@@ -305,6 +305,12 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         else:
             stream_id = CONTROL_STREAM_ID
         self._write(stream_id, *pieces)
+        if not self._is_client and self._unsent() > self._config.send_queue_limit:
+            self.fail(
+                ErrorCode.RESOURCE_EXHAUSTED,
+                f"limit send_queue_limit ({self._config.send_queue_limit}) reached: the peer does not read",
+                flush=False,
+            )
 
     def _write(self, stream_id: int, *pieces: bytes) -> None:
         """Queue ``pieces``, one after another, on the stream (a frame, or its prefix
@@ -419,7 +425,7 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
             self._cco.credit.frozen = True
         self._readable.set()
 
-    def fail(self, code: ErrorCode, detail: str) -> None:
+    def fail(self, code: ErrorCode, detail: str, *, flush: bool = True) -> None:
         """Close the link with ``code``, sent to the peer as the application error code.
 
         The link counts as closed at once (``send`` and ``receive`` raise), but the
@@ -427,13 +433,14 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         acknowledged, for at most ``close_flush_timeout`` seconds: a closing QUIC
         connection sends nothing else, so closing at once would silently drop
         messages queued just before, such as the ``Error`` refusing a Hello.
+        Without ``flush`` (a peer that does not read) it closes at once.
         """
         if self._close_reason is not None:
             return
         handshake_done = self._phase is not _Phase.HANDSHAKE
         self._mark_closed(code, detail)
         self._pending_close = (int(code), _truncate(detail, _MAX_REASON))
-        if handshake_done:
+        if handshake_done and flush:
             self._close_timer = self._loop.call_later(self._config.close_flush_timeout, self._close_quic)
             self._schedule_transmit()
         else:

@@ -25,7 +25,7 @@ def code_limits() -> dict[str, Any]:
     """Every limit the nodes enforce, by the name the draft gives it, with its default."""
     admission = AdmissionLimits()
     limits: dict[str, Any] = {f.name: getattr(admission, f.name) for f in dataclasses.fields(admission)}
-    for name in ("messages_per_turn",):
+    for name in ("send_queue_limit", "messages_per_turn"):
         limits[name] = _field_default(TransportConfig, name)
     return limits
 

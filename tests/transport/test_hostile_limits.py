@@ -16,7 +16,7 @@ import pytest
 
 from cco.transport import LocalIdentity, PeerLink, Server, TransportConfig, connect, serve
 from cco.transport.certs import create_dev_pki
-from cco.transport.link import LinkProtocol
+from cco.transport.link import LinkClosed, LinkProtocol
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.messages import Capabilities, Contribution, Heartbeat, Message
 from cco.wire.registries import Collective, DType, ReduceOp, Role
@@ -151,3 +151,55 @@ def test_a_burst_on_one_connection_is_handed_over_a_bounded_number_per_turn(pki:
 def test_a_messages_per_turn_below_one_is_refused(pki: Path) -> None:
     with pytest.raises(ValueError, match="messages_per_turn"):
         config(pki, "agg-1", messages_per_turn=0)
+
+
+# --- bounded send queues ---------------------------------------------------------------
+
+
+def test_a_peer_that_does_not_read_is_closed_once_its_send_queue_is_over_the_bound(pki: Path) -> None:
+    small: dict[str, Any] = {"receive_window": 64 * KIB, "receive_buffer": 64 * KIB}
+
+    async def test() -> None:
+        async with server(pki, send_queue_limit=256 * KIB) as (srv, accepted):
+            link = await dial(srv, pki, **small)  # never reads: its credit freezes
+            peer = await accepted.get()
+            sent = 0
+            with pytest.raises(LinkClosed):
+                for index in range(1000):  # 16 MiB in all
+                    peer.send(chunk(index, 4 * KIB))
+                    sent += 16 * KIB
+                    await asyncio.sleep(0.001)
+            code, detail = await asyncio.wait_for(link.wait_closed(), 10)
+            assert code is ErrorCode.RESOURCE_EXHAUSTED, detail
+            assert "send_queue_limit" in detail
+            assert sent < 4 * 1024 * KIB, "closed near the bound, not after everything"
+            await asyncio.wait_for(protocol(peer).wait_terminated(), 10)
+            assert not srv.links
+
+    run(test)
+
+
+def test_a_peer_that_reads_is_not_closed_whatever_it_is_sent(pki: Path) -> None:
+    async def test() -> None:
+        async with server(pki, send_queue_limit=256 * KIB) as (srv, accepted):
+            link = await dial(srv, pki)
+            peer = await accepted.get()
+            received: list[Message] = []
+
+            async def read() -> None:
+                async for message in link:
+                    received.append(message)
+
+            reader = asyncio.ensure_future(read())
+            for index in range(256):  # 4 MiB in all, 16 times the bound
+                peer.send(chunk(index, 4 * KIB))
+                await asyncio.sleep(0.002)
+                while protocol(peer)._unsent() > 128 * KIB:  # the runner's pace: a window at most
+                    await asyncio.sleep(0.002)
+            while len(received) < 256:
+                await asyncio.sleep(0.01)
+            assert peer.close_reason is None
+            peer.close()
+            await reader
+
+    run(test)
