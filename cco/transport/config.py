@@ -74,6 +74,17 @@ class TransportConfig:
     that serves many groups to one peer (an aggregator below another) or very large
     chunks needs more.  Links this node dialled are not bounded: they carry what
     this node itself chose to send."""
+    unfinished_bytes_per_connection: int = 2 * DEFAULT_MAX_MESSAGE_SIZE
+    """Bytes of frames received in part that one connection may hold (never below
+    ``max_message_size``: one frame must fit); past it the connection is closed
+    with RESOURCE_EXHAUSTED.  QUIC's credit slides as data arrives, so without it a
+    peer could leave a large frame unfinished on every stream it may open."""
+    unfinished_bytes: int = 64 * MiB
+    """The same bound for all the connections a server accepted together; the
+    connection that passes it is closed with RESOURCE_EXHAUSTED."""
+    frame_timeout: float = 30.0
+    """Seconds a frame received in part may go without a byte more before its
+    connection is closed with TIMEOUT."""
     messages_per_turn: int = 64
     """Messages of one connection handed to its listener (the node's machine) in one
     turn of the event loop; the rest wait for the next turns, held by the receive
@@ -106,7 +117,7 @@ class TransportConfig:
             )
         if not 1024 <= self.max_message_size <= (1 << 32) - 1:
             raise ValueError(f"max_message_size {self.max_message_size} is outside [1024, 2^32 - 1]")
-        for name in ("idle_timeout", "hello_timeout", "close_flush_timeout"):
+        for name in ("idle_timeout", "hello_timeout", "close_flush_timeout", "frame_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive")
         if self.messages_per_turn < 1:
@@ -116,6 +127,8 @@ class TransportConfig:
             "receive_buffer",
             "send_buffer",
             "send_queue_limit",
+            "unfinished_bytes_per_connection",
+            "unfinished_bytes",
         ):
             if getattr(self, name) < 64 * 1024:
                 raise ValueError(f"{name} must be at least 64 KiB")

@@ -25,7 +25,7 @@ from aioquic.quic.packet import QuicPacketType, encode_quic_version_negotiation,
 from cco.transport.backend import ConnectionFactory, Diagnostics, connection_factory
 from cco.transport.config import MIN_DATAGRAM_SIZE, TransportConfig
 from cco.transport.handshake import LocalIdentity
-from cco.transport.link import LinkProtocol, PeerLink
+from cco.transport.link import LinkProtocol, PeerLink, UnfinishedFrames
 from cco.transport.udp import SegmentedDatagramProtocol, open_udp
 from cco.wire.errors import CcoError, ErrorCode
 
@@ -56,6 +56,7 @@ class Server(SegmentedDatagramProtocol):
         self._transport: asyncio.DatagramTransport | None = None
         self._routes: dict[bytes, LinkProtocol] = {}
         self._protocols: set[LinkProtocol] = set()
+        self._unfinished = UnfinishedFrames(config.unfinished_bytes)  # shared by every accepted link
         self._handlers: set[asyncio.Task[None]] = set()
         self._closing = False
         self.on_connection_ended: Callable[[], None] = lambda: None
@@ -150,7 +151,7 @@ class Server(SegmentedDatagramProtocol):
 
     def _accept(self, original_cid: bytes) -> LinkProtocol:
         quic = self._factory.server(original_cid)
-        protocol = LinkProtocol(quic, config=self._config, local=self._local)
+        protocol = LinkProtocol(quic, config=self._config, local=self._local, unfinished=self._unfinished)
         protocol.connection_made(cast(asyncio.BaseTransport, self._transport))
         routes = self._routes
         protocol._connection_id_issued_handler = lambda cid: routes.__setitem__(cid, protocol)

@@ -147,14 +147,27 @@ class _Phase(enum.Enum):
 
 
 class _InboundStream:
-    """Receive state of one stream: its decoder and, for data streams, its group."""
+    """Receive state of one stream: its decoder, for data streams its group, and when
+    its unfinished frame last grew."""
 
-    __slots__ = ("decoder", "group_id", "is_control")
+    __slots__ = ("decoder", "group_id", "is_control", "progress")
 
     def __init__(self, max_message_size: int, is_control: bool) -> None:
         self.decoder = FrameDecoder(max_message_size)
         self.is_control = is_control
         self.group_id: bytes | None = None
+        self.progress = 0.0
+
+
+class UnfinishedFrames:
+    """Bytes of frames received in part, held by all the connections of one node
+    (a server shares one among the links it accepts), and the node's bound on them."""
+
+    __slots__ = ("bytes", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.bytes = 0
 
 
 _last_encoded: tuple[Message, bytes] | None = None
@@ -187,6 +200,7 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         *,
         config: TransportConfig,
         local: LocalIdentity,
+        unfinished: UnfinishedFrames | None = None,
     ) -> None:
         super().__init__(cast(QuicConnection, quic))  # aioquic's protocol uses only QuicLink methods
         self._cco = quic
@@ -199,6 +213,9 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         self._hello: Hello | None = None
         self._hello_timer: asyncio.TimerHandle | None = None
         self._inbound: dict[int, _InboundStream] = {}
+        self._unfinished = 0  # bytes of frames received in part on this connection
+        self._node_unfinished = unfinished or UnfinishedFrames(config.unfinished_bytes)
+        self._frame_timer: asyncio.TimerHandle | None = None
         self._outbound: dict[bytes, int] = {}
         self._send_limit = config.max_message_size
         self._queued_bytes = 0  # bytes ever handed to QUIC
@@ -473,6 +490,7 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
             return
         self._close_reason = (code, detail)
         self._phase = _Phase.CLOSED
+        self._release_unfinished()
         if self._hello_timer is not None:
             self._hello_timer.cancel()
         if not self.opened.done():
@@ -551,11 +569,17 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
             stream = self._accept_stream(stream_id)
             if stream is None:
                 return
+        decoder = stream.decoder
+        held = decoder.buffered
         try:
-            frames = stream.decoder.feed(data)
+            frames = decoder.feed(data)
         except DecodeError as exc:
             self.fail(exc.code, f"stream {stream_id}: {exc.detail}")
             return
+        if held or decoder.buffered:
+            self._account_unfinished(stream, decoder.buffered - held)
+            if self._close_reason is not None:
+                return
         for frame in frames:
             if not self._on_frame(stream, frame):
                 return
@@ -566,6 +590,62 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
                 self.fail(ErrorCode.PROTOCOL_VIOLATION, "the control stream was finished")
             else:
                 del self._inbound[stream_id]
+
+    def _account_unfinished(self, stream: _InboundStream, grown: int) -> None:
+        """Count what a stream's unfinished frame grew (or shrank) by; fail the
+        connection past its own or the node's bound on unfinished frames."""
+        self._unfinished += grown
+        node = self._node_unfinished
+        node.bytes += grown
+        if stream.decoder.buffered:
+            stream.progress = time.monotonic()
+            if self._frame_timer is None:
+                self._frame_timer = self._loop.call_later(self._config.frame_timeout, self._check_frames)
+        per_connection = max(self._config.unfinished_bytes_per_connection, self._config.max_message_size)
+        if self._unfinished > per_connection:
+            self.fail(
+                ErrorCode.RESOURCE_EXHAUSTED,
+                f"limit unfinished_bytes_per_connection ({per_connection}) reached: frames received in part",
+            )
+        elif node.bytes > node.limit:
+            self.fail(
+                ErrorCode.RESOURCE_EXHAUSTED,
+                f"limit unfinished_bytes ({node.limit}) reached: frames received in part by all connections",
+            )
+
+    def _check_frames(self) -> None:
+        """Fail the connection if a frame made no progress for ``frame_timeout`` seconds;
+        otherwise look again when the stalest one would."""
+        self._frame_timer = None
+        if self._close_reason is not None:
+            return
+        timeout = self._config.frame_timeout
+        waiting = [
+            (stream.progress, stream_id)
+            for stream_id, stream in self._inbound.items()
+            if stream.decoder.buffered
+        ]
+        if not waiting:
+            return
+        progress, stream_id = min(waiting)
+        idle = time.monotonic() - progress
+        if idle >= timeout:
+            self.fail(
+                ErrorCode.TIMEOUT,
+                f"limit frame_timeout ({timeout:g} s) reached: the frame on stream {stream_id} stalled",
+            )
+        else:
+            self._frame_timer = self._loop.call_later(timeout - idle, self._check_frames)
+
+    def _release_unfinished(self) -> None:
+        """The connection is closed: its unfinished frames are dropped, not kept until
+        the connection object goes."""
+        self._node_unfinished.bytes -= self._unfinished
+        self._unfinished = 0
+        self._inbound.clear()
+        if self._frame_timer is not None:
+            self._frame_timer.cancel()
+            self._frame_timer = None
 
     def _accept_stream(self, stream_id: int) -> _InboundStream | None:
         """Receive state for a stream the peer started using, or None after failing.

@@ -10,6 +10,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from cco.nodes.aggregator_config import AggregatorConfig
 from cco.nodes.rendezvous_admission import AdmissionLimits
 from cco.transport.config import TransportConfig
 
@@ -25,7 +26,15 @@ def code_limits() -> dict[str, Any]:
     """Every limit the nodes enforce, by the name the draft gives it, with its default."""
     admission = AdmissionLimits()
     limits: dict[str, Any] = {f.name: getattr(admission, f.name) for f in dataclasses.fields(admission)}
-    for name in ("send_queue_limit", "messages_per_turn"):
+    for name in ("pending_limit", "parked_bytes_per_peer", "parked_bytes", "pending_timeout"):
+        limits[name] = _field_default(AggregatorConfig, name)
+    for name in (
+        "send_queue_limit",
+        "unfinished_bytes_per_connection",
+        "unfinished_bytes",
+        "frame_timeout",
+        "messages_per_turn",
+    ):
         limits[name] = _field_default(TransportConfig, name)
     return limits
 

@@ -18,7 +18,8 @@ from cco.transport import LocalIdentity, PeerLink, Server, TransportConfig, conn
 from cco.transport.certs import create_dev_pki
 from cco.transport.link import LinkClosed, LinkProtocol
 from cco.wire.errors import CcoError, ErrorCode
-from cco.wire.messages import Capabilities, Contribution, Heartbeat, Message
+from cco.wire.framing import encode_frame, encode_varint
+from cco.wire.messages import Capabilities, Contribution, Heartbeat, Message, encode_message
 from cco.wire.registries import Collective, DType, ReduceOp, Role
 
 pytestmark = pytest.mark.quic_backends()
@@ -201,5 +202,96 @@ def test_a_peer_that_reads_is_not_closed_whatever_it_is_sent(pki: Path) -> None:
             assert peer.close_reason is None
             peer.close()
             await reader
+
+    run(test)
+
+
+# --- unfinished frames -------------------------------------------------------------------
+
+
+def begin_frames(link: PeerLink, streams: int, claim: int, body: int) -> None:
+    """On ``streams`` new data streams, the length prefix of a ``claim``-byte frame and
+    ``body`` bytes of it, never the rest: what a hostile peer would leave."""
+    quic = protocol(link)._quic
+    for _ in range(streams):
+        stream_id = quic.get_next_available_stream_id(is_unidirectional=True)
+        quic.send_stream_data(stream_id, encode_varint(claim) + bytes(body))
+    protocol(link).transmit()
+
+
+SMALL_FRAMES: dict[str, Any] = {"max_message_size": 64 * KIB, "unfinished_bytes_per_connection": 128 * KIB}
+
+
+def test_unfinished_frames_past_the_connections_bound_close_it(pki: Path) -> None:
+    async def test() -> None:
+        async with server(pki, **SMALL_FRAMES) as (srv, accepted):
+            link = await dial(srv, pki)
+            peer = await accepted.get()
+            begin_frames(link, streams=1, claim=60_000, body=50_000)
+            await asyncio.sleep(0.3)
+            assert peer.close_reason is None, "one unfinished frame under the bound is kept"
+            begin_frames(link, streams=2, claim=60_000, body=50_000)
+            code, detail = await asyncio.wait_for(link.wait_closed(), 10)
+            assert code is ErrorCode.RESOURCE_EXHAUSTED and "unfinished_bytes_per_connection" in detail
+            assert srv._unfinished.bytes == 0, "what it held is released with it"
+
+    run(test)
+
+
+def test_unfinished_frames_of_all_connections_are_bounded_together(pki: Path) -> None:
+    async def test() -> None:
+        limits = {"max_message_size": 64 * KIB, "unfinished_bytes": 128 * KIB}
+        async with server(pki, **limits) as (srv, accepted):
+            first = await dial(srv, pki, "ep-1")
+            await accepted.get()
+            second = await dial(srv, pki, "ep-2")
+            await accepted.get()
+            begin_frames(first, streams=2, claim=60_000, body=40_000)
+            await asyncio.sleep(0.3)
+            assert srv._unfinished.bytes == 80_000
+            begin_frames(second, streams=2, claim=60_000, body=40_000)
+            code, detail = await asyncio.wait_for(second.wait_closed(), 10)
+            assert code is ErrorCode.RESOURCE_EXHAUSTED and "limit unfinished_bytes (" in detail
+            assert first.close_reason is None
+            assert srv._unfinished.bytes == 80_000
+
+    run(test)
+
+
+def test_a_frame_that_stalls_for_frame_timeout_closes_its_connection(pki: Path) -> None:
+    async def test() -> None:
+        async with server(pki, frame_timeout=0.5) as (srv, accepted):
+            link = await dial(srv, pki)
+            peer = await accepted.get()
+            begin_frames(link, streams=1, claim=60_000, body=1000)
+            code, detail = await asyncio.wait_for(link.wait_closed(), 10)
+            assert code is ErrorCode.TIMEOUT and "frame_timeout (0.5 s)" in detail
+            assert peer.close_reason is not None and srv._unfinished.bytes == 0
+
+    run(test)
+
+
+def test_a_frame_that_keeps_coming_is_not_timed_out(pki: Path) -> None:
+    async def test() -> None:
+        async with server(pki, frame_timeout=0.5) as (srv, accepted):
+            link = await dial(srv, pki)
+            peer = await accepted.get()
+            received: list[Message | CcoError] = []
+            recorder = TurnRecorder()
+            peer.listen(recorder)
+            message = chunk(0, 64 * KIB)  # a 256 KiB frame, a piece every 0.2 s
+            frame = encode_frame(encode_message(message))
+            quic = protocol(link)._quic
+            stream_id = quic.get_next_available_stream_id(is_unidirectional=True)
+            pieces = [frame[i : i + 32 * KIB] for i in range(0, len(frame), 32 * KIB)]
+            for piece in pieces:
+                quic.send_stream_data(stream_id, piece)
+                protocol(link).transmit()
+                await asyncio.sleep(0.2)
+            while not recorder.items:
+                await asyncio.sleep(0.05)
+            recorder.stop()
+            received += recorder.items
+            assert received == [message] and peer.close_reason is None
 
     run(test)

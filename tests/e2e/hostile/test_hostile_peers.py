@@ -71,17 +71,6 @@ MISSING: dict[tuple[str, str], tuple[str, bool]] = {
         "handshake timeouts)",
         True,
     ),
-    ("growth", "parked-chunks"): (
-        "parked chunks are bounded per connection only (64 messages of up to 16 MiB), not in bytes "
-        "nor per node (issue 41 item 1: parked chunks per node)",
-        True,
-    ),
-    ("returns", "parked-chunks"): ("the memory of parked chunks does not come back (issue 41 item 1)", False),
-    ("returns", "unfinished-frames"): (
-        "no bound on unfinished frames per connection and per node (issue 41 item 1): the "
-        "partial frames stay buffered while the connection lives",
-        False,
-    ),
 }
 
 
