@@ -26,7 +26,13 @@ from collections.abc import Callable
 log = logging.getLogger(__name__)
 
 TRIM_DELAY = 1.0
-"""Seconds between a connection's end and the trim (ends meanwhile share it)."""
+"""Seconds between a connection's end and the first trim (ends meanwhile share it)."""
+
+SECOND_TRIM_DELAY = 8.0
+"""Seconds between a connection's end and a second trim: what the node kept for the
+peer after its connection ended (an aggregator's chunks held or parked for it) is
+dropped within the aggregator's ``pending_timeout`` (5 s by default), after the
+first trim."""
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -40,21 +46,26 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 
 class HeapTrimmer:
-    """Trims the heap :data:`TRIM_DELAY` seconds after :meth:`released` is called."""
+    """Trims the heap ``delays`` seconds after :meth:`released` is called (a trim
+    already due at one of those times is shared)."""
 
-    def __init__(self, delay: float = TRIM_DELAY) -> None:
-        self._delay = delay
+    def __init__(self, delays: tuple[float, ...] = (TRIM_DELAY, SECOND_TRIM_DELAY)) -> None:
+        self._delays = delays
         self._trim = _malloc_trim()
-        self._pending: asyncio.TimerHandle | None = None
+        self._pending: list[asyncio.TimerHandle | None] = [None] * len(delays)
         self.trims = 0
 
     def released(self) -> None:
-        """Memory was freed (a connection ended): trim soon, once."""
-        if self._trim is not None and self._pending is None:
-            self._pending = asyncio.get_running_loop().call_later(self._delay, self._run)
+        """Memory was freed (a connection ended): trim soon, and once more later."""
+        if self._trim is None:
+            return
+        loop = asyncio.get_running_loop()
+        for index, delay in enumerate(self._delays):
+            if self._pending[index] is None:
+                self._pending[index] = loop.call_later(delay, self._run, index)
 
-    def _run(self) -> None:
-        self._pending = None
+    def _run(self, index: int) -> None:
+        self._pending[index] = None
         assert self._trim is not None
         gc.collect()
         self._trim(0)
@@ -62,6 +73,7 @@ class HeapTrimmer:
         log.debug("heap trimmed (%d so far)", self.trims)
 
     def cancel(self) -> None:
-        if self._pending is not None:
-            self._pending.cancel()
-            self._pending = None
+        for index, handle in enumerate(self._pending):
+            if handle is not None:
+                handle.cancel()
+                self._pending[index] = None

@@ -85,6 +85,16 @@ class TransportConfig:
     frame_timeout: float = 30.0
     """Seconds a frame received in part may go without a byte more before its
     connection is closed with TIMEOUT."""
+    retry_threshold: int = 16
+    """Half-open connections (started, QUIC handshake not complete) past which a
+    server answers a client Initial without a token with a Retry (address
+    validation, RFC 9000 section 8.1) instead of starting a connection.  0: always."""
+    max_half_open: int = 256
+    """Half-open connections past which a server starts none, token or not."""
+    handshake_timeout: float = 5.0
+    """Seconds a server gives a connection to complete its QUIC handshake; one that
+    has not is dropped without a word (its Initial may have come from a forged
+    address).  The Hello exchange that follows has ``hello_timeout``."""
     messages_per_turn: int = 64
     """Messages of one connection handed to its listener (the node's machine) in one
     turn of the event loop; the rest wait for the next turns, held by the receive
@@ -117,9 +127,17 @@ class TransportConfig:
             )
         if not 1024 <= self.max_message_size <= (1 << 32) - 1:
             raise ValueError(f"max_message_size {self.max_message_size} is outside [1024, 2^32 - 1]")
-        for name in ("idle_timeout", "hello_timeout", "close_flush_timeout", "frame_timeout"):
+        for name in (
+            "idle_timeout",
+            "hello_timeout",
+            "close_flush_timeout",
+            "frame_timeout",
+            "handshake_timeout",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive")
+        if self.retry_threshold < 0 or self.max_half_open < 1:
+            raise ValueError("retry_threshold must not be negative, max_half_open must be at least 1")
         if self.messages_per_turn < 1:
             raise ValueError("messages_per_turn must be at least 1")
         for name in (

@@ -233,6 +233,8 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         self._close_timer: asyncio.TimerHandle | None = None
         self._terminated = asyncio.Event()
         self._on_terminated: list[Callable[[], None]] = []
+        self.on_handshake: Callable[[], None] = lambda: None
+        """Called once the QUIC handshake has completed (a server counts half-open connections)."""
         self.opened: asyncio.Future[PeerLink] = self._loop.create_future()
         self.opened.add_done_callback(lambda f: f.cancelled() or f.exception())
 
@@ -480,6 +482,27 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
     def terminated(self) -> bool:
         return self._terminated.is_set()
 
+    def abandon(self, code: ErrorCode, detail: str) -> None:
+        """Drop a connection whose handshake never completed, sending nothing: its
+        Initial may have come from a forged address, and there is nobody to tell.
+        It terminates at once, so that what it held goes now."""
+        if self._terminated.is_set():
+            return
+        self._mark_closed(code, detail)
+        self._pending_close = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._transmit_handle is not None:
+            self._transmit_handle.cancel()
+            self._transmit_handle = None
+        if self._close_timer is not None:
+            self._close_timer.cancel()
+            self._close_timer = None
+        self._terminated.set()
+        for callback in self._on_terminated:
+            callback()
+
     async def wait_terminated(self) -> tuple[ErrorCode, str]:
         await self._terminated.wait()
         assert self._close_reason is not None
@@ -548,6 +571,7 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
             self.fail(ErrorCode.PROTOCOL_VIOLATION, f"stream {event.stream_id} was reset or stopped")
 
     def _on_handshake_completed(self, event: events.HandshakeCompleted) -> None:
+        self.on_handshake()
         if event.alpn_protocol != ALPN:
             self.fail(ErrorCode.UNSUPPORTED_VERSION, f"ALPN {event.alpn_protocol!r} is not {ALPN!r}")
             return

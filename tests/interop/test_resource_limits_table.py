@@ -30,6 +30,9 @@ def code_limits() -> dict[str, Any]:
         limits[name] = _field_default(AggregatorConfig, name)
     for name in (
         "send_queue_limit",
+        "retry_threshold",
+        "max_half_open",
+        "handshake_timeout",
         "unfinished_bytes_per_connection",
         "unfinished_bytes",
         "frame_timeout",

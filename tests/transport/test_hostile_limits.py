@@ -7,6 +7,8 @@ connection past a threshold."""
 from __future__ import annotations
 
 import asyncio
+import random
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -15,6 +17,7 @@ from typing import Any, TypeVar
 import pytest
 
 from cco.transport import LocalIdentity, PeerLink, Server, TransportConfig, connect, serve
+from cco.transport.admission import TOKEN_LIFETIME, RetryTokens
 from cco.transport.certs import create_dev_pki
 from cco.transport.link import LinkClosed, LinkProtocol
 from cco.wire.errors import CcoError, ErrorCode
@@ -272,26 +275,134 @@ def test_a_frame_that_stalls_for_frame_timeout_closes_its_connection(pki: Path) 
 
 
 def test_a_frame_that_keeps_coming_is_not_timed_out(pki: Path) -> None:
+    """The timeout counts from a frame's last byte, not its first: a frame that
+    takes longer than it in all, a piece every third of it, arrives whole."""
+
     async def test() -> None:
-        async with server(pki, frame_timeout=0.5) as (srv, accepted):
+        async with server(pki, frame_timeout=3.0) as (srv, accepted):
             link = await dial(srv, pki)
             peer = await accepted.get()
-            received: list[Message | CcoError] = []
-            recorder = TurnRecorder()
-            peer.listen(recorder)
-            message = chunk(0, 64 * KIB)  # a 256 KiB frame, a piece every 0.2 s
+            message = chunk(0, 64 * KIB)  # a 256 KiB frame, in five pieces a second apart
             frame = encode_frame(encode_message(message))
             quic = protocol(link)._quic
             stream_id = quic.get_next_available_stream_id(is_unidirectional=True)
-            pieces = [frame[i : i + 32 * KIB] for i in range(0, len(frame), 32 * KIB)]
-            for piece in pieces:
-                quic.send_stream_data(stream_id, piece)
+            size = len(frame) // 5 + 1
+            for start in range(0, len(frame), size):
+                quic.send_stream_data(stream_id, frame[start : start + size])
                 protocol(link).transmit()
-                await asyncio.sleep(0.2)
-            while not recorder.items:
-                await asyncio.sleep(0.05)
-            recorder.stop()
-            received += recorder.items
-            assert received == [message] and peer.close_reason is None
+                await asyncio.sleep(1.0)
+            assert await asyncio.wait_for(peer.receive(), 10) == message
+            assert peer.close_reason is None
 
     run(test)
+
+
+# --- handshake floods --------------------------------------------------------------------
+
+
+def spoofed_initial(rng: random.Random) -> bytes:
+    """1200 bytes shaped like a client's QUIC v1 Initial with random connection ids,
+    no token and a payload nobody can decrypt (RFC 9000, section 17.2.2)."""
+    dcid, scid = rng.randbytes(8), rng.randbytes(8)
+    head = bytes([0xC3]) + (1).to_bytes(4, "big") + bytes([8]) + dcid + bytes([8]) + scid + encode_varint(0)
+    rest = 1200 - len(head) - 2
+    return head + (0x4000 | rest).to_bytes(2, "big") + rng.randbytes(rest)
+
+
+async def flood(srv: Server, count: int) -> socket.socket:
+    """``count`` spoofed Initials to ``srv`` from one socket (returned, to read what came back)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setblocking(False)
+    sock.bind(("127.0.0.1", 0))
+    rng = random.Random(41)
+    for index in range(count):
+        sock.sendto(spoofed_initial(rng), srv.address)
+        if index % 20 == 19:
+            await asyncio.sleep(0.01)  # loopback's socket buffers drop a burst
+    await asyncio.sleep(0.2)
+    return sock
+
+
+def test_past_the_threshold_initials_without_a_token_get_a_retry_and_start_nothing(pki: Path) -> None:
+    async def test() -> None:
+        async with server(pki, retry_threshold=4, max_half_open=64) as (srv, _):
+            sock = await flood(srv, 40)
+            assert len(srv._half_open) == 4 and len(srv._protocols) == 4
+            assert srv.refused_initials == 36
+            answer = sock.recv(2048)
+            assert answer[0] & 0xF0 == 0xF0, "a long-header Retry (type 3) came back"
+            sock.close()
+
+    run(test)
+
+
+def test_a_real_client_connects_through_retry_during_a_flood(pki: Path) -> None:
+    async def test() -> None:
+        async with server(pki, retry_threshold=4) as (srv, accepted):
+            sock = await flood(srv, 20)
+            refused = srv.refused_initials
+            link = await dial(srv, pki)
+            peer = await accepted.get()
+            assert srv.refused_initials == refused + 1, "it was sent a Retry, and came back with the token"
+            link.send(Heartbeat(seq=7))
+            assert await asyncio.wait_for(peer.receive(), 5) == Heartbeat(seq=7)
+            sock.close()
+            link.close()
+
+    run(test)
+
+
+def test_every_client_can_be_made_to_validate_its_address(pki: Path) -> None:
+    async def test() -> None:
+        async with server(pki, retry_threshold=0) as (srv, accepted):
+            link = await dial(srv, pki)
+            peer = await accepted.get()
+            assert srv.refused_initials == 1
+            peer.send(Heartbeat(seq=3))
+            assert await asyncio.wait_for(link.receive(), 5) == Heartbeat(seq=3)
+            link.close()
+
+    run(test)
+
+
+def test_no_connection_starts_past_max_half_open(pki: Path) -> None:
+    async def test() -> None:
+        async with server(pki, retry_threshold=100, max_half_open=3) as (srv, _):
+            sock = await flood(srv, 10)
+            assert len(srv._half_open) == 3 and srv.refused_initials == 7
+            sock.close()
+
+    run(test)
+
+
+def test_half_open_connections_are_dropped_after_the_handshake_timeout(pki: Path) -> None:
+    async def test() -> None:
+        async with server(pki, handshake_timeout=0.3) as (srv, accepted):
+            sock = await flood(srv, 10)
+            assert srv._half_open
+            await asyncio.sleep(1.0)
+            assert not srv._half_open and not srv._protocols and not srv._routes and not srv._cids
+            link = await dial(srv, pki)  # a real handshake completes in time and is kept
+            await accepted.get()
+            await asyncio.sleep(0.5)
+            assert len(srv._protocols) == 1 and not srv._half_open
+            sock.close()
+            link.close()
+
+    run(test)
+
+
+def test_a_retry_token_is_good_only_for_its_address_connection_id_and_lifetime() -> None:
+    now = [100.0]
+    tokens = RetryTokens(clock=lambda: now[0])
+    address = ("127.0.0.1", 4433)
+    token = tokens.issue(address, b"original", b"retry-cid")
+    assert tokens.check(token, address, b"retry-cid") == b"original"
+    assert tokens.check(token, ("127.0.0.1", 4434), b"retry-cid") is None
+    assert tokens.check(token, ("127.0.0.2", 4433), b"retry-cid") is None
+    assert tokens.check(token, address, b"other-cid") is None
+    assert tokens.check(token[:-1] + bytes([token[-1] ^ 1]), address, b"retry-cid") is None
+    assert tokens.check(token[:5], address, b"retry-cid") is None
+    assert RetryTokens(clock=lambda: now[0]).check(token, address, b"retry-cid") is None, "another key"
+    now[0] += TOKEN_LIFETIME + 0.1
+    assert tokens.check(token, address, b"retry-cid") is None
