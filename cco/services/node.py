@@ -59,7 +59,7 @@ class NodeService:
         self.connect_timeout = connect_timeout
         self.runner = MachineRunner(machine, self._dial, on_command)
         self.server: Server | None = None
-        self.heap = HeapTrimmer()  # what a departed peer held goes back to the system
+        self.heap = HeapTrimmer()  # a serving node gives back what departed peers held
 
     @property
     def machine(self) -> Machine:
@@ -69,6 +69,7 @@ class NodeService:
         """Accept connections; every authenticated link is handed to the machine."""
         self.server = await serve(host, port, self.transport, self.identity, self._accepted)
         self.server.on_connection_ended = self.heap.released
+        self.runner.on_epoch_change = self.heap.released  # and what a group's last epoch held
         return self.server.address
 
     def _accepted(self, link: PeerLink) -> None:
