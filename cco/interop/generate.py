@@ -41,12 +41,28 @@ def build(providers: Sequence[Provider] = PROVIDERS) -> dict[str, str]:
     return dict(sorted(texts.items()))
 
 
-def default_vector_dir() -> Path:
-    """``interop/vectors`` of the source checkout this package runs from, else of the cwd."""
+SHIPPED_VECTORS = Path(__file__).resolve().parent / "vectors"
+"""The vectors this package ships (package data of a wheel; in a source checkout a
+link to ``interop/vectors``)."""
+
+
+def checkout_vector_dir() -> Path | None:
+    """``interop/vectors`` of the source checkout this package runs from, if it does."""
     root = Path(__file__).resolve().parents[2]
-    if (root / "pyproject.toml").is_file() and (root / "interop").is_dir():
+    if (root / "pyproject.toml").is_file() and (root / "interop" / "vectors").is_dir():
         return root / "interop" / "vectors"
-    return Path.cwd() / "interop" / "vectors"
+    return None
+
+
+def default_vector_dir() -> Path:
+    """Where ``check`` and ``vectors`` read: the checkout's vectors, else the shipped ones."""
+    return checkout_vector_dir() or SHIPPED_VECTORS
+
+
+def default_output_dir() -> Path:
+    """Where ``generate`` writes: the checkout's vectors, else ``interop/vectors`` of the
+    current directory (never into an installed package)."""
+    return checkout_vector_dir() or Path.cwd() / "interop" / "vectors"
 
 
 def write(out_dir: Path, providers: Sequence[Provider] = PROVIDERS) -> list[Path]:
