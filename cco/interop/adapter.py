@@ -29,8 +29,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from cco.interop.jsonform import from_hex, message_from_json, message_to_json
-from cco.interop.verify import limits_from_json
+from cco.interop.jsonform import from_hex, limits_from_json, message_from_json, message_to_json
 from cco.wire import blockscale
 from cco.wire.cbor import DecodeLimits
 from cco.wire.dtypes import element_type

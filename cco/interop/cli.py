@@ -16,8 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from cco.interop.generate import compare, default_output_dir, default_vector_dir, write
-from cco.interop.verify import SEMANTIC_CHECKS
+from cco.interop.generate import VECTOR_FILES, compare, default_output_dir, default_vector_dir, write
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -31,7 +30,8 @@ def _generate(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     directory: Path = args.dir or default_vector_dir()
     problems: list[str] = []
-    for file_name, check in SEMANTIC_CHECKS.items():
+    for module in VECTOR_FILES:
+        file_name = module.FILE
         path = directory / file_name
         if not path.is_file():
             continue  # reported by compare() below
@@ -43,7 +43,7 @@ def _check(args: argparse.Namespace) -> int:
         if not isinstance(vectors, list) or not all(isinstance(v, dict) for v in vectors):
             problems.append(f"{file_name}: not an array of objects")
             continue
-        found = check(vectors)
+        found = module.check(vectors)
         failed = sum(1 for v in vectors if any(p.startswith(f"{v.get('name')}:") for p in found))
         print(f"{file_name}: {len(vectors)} vectors, {len(vectors) - failed} hold, {failed} fail")
         problems += [f"{file_name}: {p}" for p in found]

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from enum import IntEnum
 from typing import Any, TypeVar
 
+from cco.wire.cbor import DecodeLimits
 from cco.wire.fields import Bytes, Enum, FieldType, ListOf, Nested, Struct, Text, UInt
 from cco.wire.messages import MESSAGE_CLASSES, Message
 from cco.wire.registries import MessageType
@@ -130,3 +131,18 @@ def message_from_json(message_type: int, fields: object) -> Message:
     except ValueError:
         raise JsonFormError(f"message type {message_type} is not registered") from None
     return struct_from_json(cls, fields)
+
+
+def limits_from_json(value: object) -> DecodeLimits:
+    """The ``limits`` object of a decode-failure vector."""
+    if not isinstance(value, dict) or set(value) != {"max_depth", "max_container_items", "max_string_bytes"}:
+        raise JsonFormError(f"limits must name max_depth, max_container_items, max_string_bytes: {value!r}")
+    return DecodeLimits(**value)
+
+
+def limits_to_json(limits: DecodeLimits) -> dict[str, int]:
+    return {
+        "max_depth": limits.max_depth,
+        "max_container_items": limits.max_container_items,
+        "max_string_bytes": limits.max_string_bytes,
+    }
