@@ -939,8 +939,8 @@ def _rule_failures() -> list[Failure]:
 
     f = partial(_invalid_field, cddl_valid=True)
 
-    def root(name: str, base: str, description: str, mutation: str, body: RawValue) -> Failure:
-        return Failure(name, base, invalid, False, description, mutation, with_body(base, body))
+    def rebuilt(name: str, base: str, description: str, mutation: str, body: RawValue, cddl: bool) -> Failure:
+        return Failure(name, base, invalid, cddl, description, mutation, with_body(base, body))
 
     def quorum(name: str, base: str, description: str, mutation: str, changes: dict[int, Any]) -> Failure:
         body = {**base_value(base)[1], **changes}
@@ -1154,12 +1154,11 @@ def _rule_failures() -> list[Failure]:
             "set scales (key 7) to h''",
             (7,),
             b"",
-            cddl_valid=False,
         ),
         f(
             "scales-length-wrong",
             scaled,
-            "scales has 4 bytes, but 3 elements in blocks of 16 make one block: 2 bytes.",
+            "scales has 4 bytes, but 2 elements in blocks of 16 make one block: 2 bytes.",
             "set scales (key 7) to h'f0fff0ff'",
             (7,),
             b"\xf0\xff\xf0\xff",
@@ -1175,31 +1174,34 @@ def _rule_failures() -> list[Failure]:
         f(
             "attestations-missing",
             scaled,
-            "payload has 12 bytes: 3 elements and 1 attestation of width 4 need 16.",
+            "payload has 8 bytes: 2 elements and 1 attestation of width 4 need 12.",
             "drop the last 4 bytes of payload (key 13)",
             (13,),
             scaled_payload[:-4],
         ),
-        root(
+        rebuilt(
             "root-absent-reduce",
             "contribution-reduce-root",
             "A REDUCE chunk without root (key 15).",
             "remove root (key 15)",
             reduce_body,
+            True,
         ),
-        root(
+        rebuilt(
             "root-absent-broadcast",
             "broadcast-data",
             "A BROADCAST chunk without root (key 15).",
             "remove root (key 15)",
             broadcast_body,
+            True,
         ),
-        root(
+        rebuilt(
             "root-present-all-reduce",
             c,
             "An ALL_REDUCE chunk with root (key 15): root is only for REDUCE and BROADCAST.",
             "add root (key 15) = 0",
             {**base_value(c)[1], 15: 0},
+            True,
         ),
         quorum(
             "quorum-without-wait",
@@ -1229,6 +1231,61 @@ def _rule_failures() -> list[Failure]:
             "A BARRIER chunk with members (key 17): members, quorum and wait_ms are for ALL_REDUCE only.",
             "add members (key 17) = h'01'",
             {17: b"\x01"},
+        ),
+        quorum(
+            "members-on-reduce",
+            "contribution-reduce-root",
+            "A REDUCE chunk with members (key 17) that hold its contributor: keys 17 to 19 are defined "
+            "for every chunk message (never UNKNOWN_FIELD), and outside ALL_REDUCE they are INVALID_FIELD.",
+            "add members (key 17) = h'02'",
+            {17: b"\x02"},
+        ),
+        quorum(
+            "quorum-on-broadcast",
+            "broadcast-data",
+            "A BROADCAST chunk with quorum (key 18) and wait_ms (key 19): INVALID_FIELD, not UNKNOWN_FIELD.",
+            "add quorum (key 18) = 2 and wait_ms (key 19) = 100",
+            {18: 2, 19: 100},
+        ),
+        _invalid_field(
+            "broadcast-op-max",
+            "broadcast-data",
+            "A BROADCAST chunk with op MAX: BROADCAST, ALL_GATHER and BARRIER chunks carry op SUM.",
+            "set op (key 5) to 4",
+            (5,),
+            4,
+        ),
+        _invalid_field(
+            "all-gather-op-bor",
+            "result-all-gather",
+            "An ALL_GATHER chunk with op BOR: ALL_GATHER chunks carry op SUM.",
+            "set op (key 5) to 6",
+            (5,),
+            6,
+        ),
+        _invalid_field(
+            "barrier-op-min",
+            "contribution-barrier",
+            "A BARRIER chunk with op MIN.",
+            "set op (key 5) to 3",
+            (5,),
+            3,
+        ),
+        _invalid_field(
+            "barrier-dtype-float32",
+            "contribution-barrier",
+            "A BARRIER chunk with dtype FLOAT32: a BARRIER carries no elements, as dtype INT8.",
+            "set dtype (key 6) to 7",
+            (6,),
+            7,
+        ),
+        rebuilt(
+            "barrier-with-an-element",
+            "contribution-barrier",
+            "A BARRIER chunk of one element, its one-byte payload present: a BARRIER has none.",
+            "set total_elements (key 8) to 1 and payload (key 13) to h'00'",
+            {**base_value("contribution-barrier")[1], 8: 1, 13: b"\x00"},
+            True,
         ),
     ]
 

@@ -19,6 +19,8 @@ from cco.interop.vectorfiles import (
     block_scale_failures,
     decode_failures,
     framing,
+    live_cases,
+    live_inputs,
     messages,
     payload_combine,
     payload_keys,
@@ -49,6 +51,8 @@ VECTOR_FILES: tuple[VectorFile, ...] = (
     wire_forms,
     block_scale,
     block_scale_failures,
+    live_inputs,
+    live_cases,
 )
 """Every vector file, in the order ``cco-interop check`` reports them."""
 

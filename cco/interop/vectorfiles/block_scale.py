@@ -15,6 +15,7 @@ produced it, and checks the documented error bound against the exact sum.
 from __future__ import annotations
 
 import dataclasses
+import struct
 from fractions import Fraction
 from typing import Any
 
@@ -48,6 +49,12 @@ STORAGE = {
     DType.FLOAT32: np.float32,
     DType.FLOAT64: np.float64,
 }
+
+
+def binary64(value: float) -> str:
+    """A value as its IEEE 754 binary64 bit pattern: 16 hex digits, most significant
+    first (1.0 is 3ff0000000000000); every value of every float dtype has one, exactly."""
+    return struct.pack(">d", value).hex()
 
 
 def _text(values: np.ndarray) -> list[str]:
@@ -219,6 +226,7 @@ def operation_vector(o: Operation) -> Vector:
                 "contributions": contributions,
                 "parts": [message_json(p) for p in below],
                 "result": message_json(result),
+                "verified_values": [int(x) for x in verified],
                 "attestation_sums": y[header.element_count :],
                 "verification": {
                     "inner_product": ref.inner(u, y),
@@ -243,12 +251,12 @@ def operation_vector(o: Operation) -> Vector:
         "block_elements": o.block_elements,
         "width": o.width,
         "sum_limit": limit,
-        "relative_error_bound": repr(2 * world / (2 * limit + 1)),
+        "relative_error_bound": {"numerator": 2 * world, "denominator": 2 * limit + 1},
         "inputs": [
             {"rank": r, "input_bits": arrays[r].tobytes().hex(), "input_text": _text(arrays[r])}
             for r in ranks
         ],
-        "block_maxima": [[repr(m) for m in row] for row in maxima],
+        "block_maxima": [[binary64(m) for m in row] for row in maxima],
         "proposals": [p.tolist() for p in proposals],
         "scale_pass": scale_chunks,
         "agreed_scales": agreed.tolist(),
@@ -275,8 +283,10 @@ def _check_one(v: Vector) -> list[str]:
     problems: list[str] = []
     n, width, be, dtype = v["world_size"], v["width"], v["block_elements"], v["dtype"]
     limit = ref.sum_limit(width, n)
-    if v["sum_limit"] != limit or v["relative_error_bound"] != repr(2 * n / (2 * limit + 1)):
+    if v["sum_limit"] != limit:
         problems.append("sum_limit is not floor(min(2^(8W-1) - 1, B) / N)")
+    if v["relative_error_bound"] != {"numerator": 2 * n, "denominator": 2 * limit + 1}:
+        problems.append("relative_error_bound is not 2N / (2Q + 1)")
     xs = [ref.elements(dtype, from_hex(i["input_bits"])) for i in v["inputs"]]
     if [i["input_text"] for i in v["inputs"]] != [[repr(float(a)) for a in x] for x in xs]:
         problems.append("input_text differs from input_bits")
@@ -289,7 +299,7 @@ def _check_one(v: Vector) -> list[str]:
         for j in range(-(-(stop - start) // be)):
             blocks[i * per_chunk + j] = range(start + j * be, min(stop, start + (j + 1) * be))
     maxima = [[max(abs(Fraction(x[p])) for p in span) for span in blocks.values()] for x in xs]
-    if v["block_maxima"] != [[repr(float(m)) for m in row] for row in maxima]:
+    if v["block_maxima"] != [[binary64(float(m)) for m in row] for row in maxima]:
         problems.append("block_maxima are not the largest |x| of each block")
     proposals = [[ref.propose(m, limit) for m in row] for row in maxima]
     if v["proposals"] != proposals:
@@ -391,6 +401,8 @@ def _check_one(v: Vector) -> list[str]:
             )
         if any(abs(i) > ref.B or not -(1 << (8 * width - 1)) <= i < 1 << (8 * width - 1) for i in y):
             problems.append(f"chunk {chunk['chunk_index']}: result leaves [-B, B] or the width")
+        if chunk["verified_values"] != y[: stop - start]:
+            problems.append(f"chunk {chunk['chunk_index']}: verified_values are not the element integers")
         attested = y[stop - start :]
         if chunk["attestation_sums"] != attested or not all(1 <= s <= n for s in attested):
             problems.append(f"chunk {chunk['chunk_index']}: attestation sums are not in 1..N")

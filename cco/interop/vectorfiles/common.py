@@ -17,10 +17,10 @@ import numpy as np
 from cco.interop import reference as ref
 from cco.interop.jsonform import from_hex, message_to_json
 from cco.wire import cbor
-from cco.wire.errors import CcoError
+from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap
 from cco.wire.messages import ChunkMessage, decode_message, encode_message
-from cco.wire.payload import ChunkHeader
+from cco.wire.payload import ChunkHeader, GroupKeys, open_verified
 from cco.wire.registries import Collective, DType, ReduceOp
 
 Vector = dict[str, Any]
@@ -218,3 +218,23 @@ def raw_chunk_problems(part: Vector, header: Vector, width: int | None) -> list[
     if body.get(14) != part["fields"].get("tag"):
         problems.append(f"{part['message_name']}: tag differs from fields")
     return problems
+
+
+def verify_as_endpoint(
+    keys: GroupKeys,
+    message: ChunkMessage,
+    header: ChunkHeader | None,
+    expected: frozenset[int],
+    own: tuple[int, np.ndarray] | None = None,
+    at_least: int | None = None,
+) -> np.ndarray | None:
+    """What an endpoint running the operation whose chunk has the identifying fields
+    ``header`` does with ``message`` (draft section "Endpoint Processing of Results"):
+    None when the message is of another epoch (ignored), OPERATION_MISMATCH when another
+    header field differs, else the verification's element integers or its error."""
+    if header is not None:
+        if message.epoch != header.epoch:
+            return None
+        if ChunkHeader.of(message) != header:
+            raise CcoError(ErrorCode.OPERATION_MISMATCH, "the header is not the operation's")
+    return open_verified(keys, message, expected, own, at_least)

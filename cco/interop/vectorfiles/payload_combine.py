@@ -24,7 +24,7 @@ from cco.interop.vectorfiles.common import (
     message_problems,
     run,
 )
-from cco.wire.messages import PartialAggregate, Result
+from cco.wire.messages import ChunkMessage, PartialAggregate, Result, decode_message
 from cco.wire.payload import (
     RANGE_BOUND,
     ChunkHeader,
@@ -47,9 +47,17 @@ def _combine_vector(
     header: ChunkHeader,
     inputs: dict[int, list[int]],
     groups: list[list[int]] | None = None,
+    *,
+    expected: Sequence[int] | None = None,
+    at_least: int | None = None,
+    verifiers: dict[int, list[int] | None] | None = None,
 ) -> Vector:
     """Seal ``inputs`` (rank -> values); combine each of ``groups`` into a partial aggregate
-    first (as an aggregator below the root would), then everything into a Result."""
+    first (as an aggregator below the root would), then everything into a Result.
+
+    The Result is verified against ``expected`` (the ranks of ``inputs`` unless given;
+    with ``at_least``, a presence pass's quorum), and by each rank of ``verifiers``
+    with its own integers (None: a rank that contributed nothing)."""
     keys = derive_group_keys(SECRET, header.group_id)
     sealed = {r: seal(keys, header, r, np.array(v, dtype=np.int64)) for r, v in inputs.items()}
     grouped = groups or [[r] for r in inputs]
@@ -58,7 +66,8 @@ def _combine_vector(
     ]
     result = combine(parts, Result)
     ranks = sorted(inputs)
-    values = open_verified(keys, result, frozenset(ranks)).tolist()
+    wanted = sorted(expected) if expected is not None else ranks
+    values = open_verified(keys, result, frozenset(wanted), None, at_least).tolist()
     k1, k2 = ref.keys(SECRET, header.group_id)
     chunk_id = header.chunk_id()
     vector: Vector = {
@@ -67,7 +76,8 @@ def _combine_vector(
         "group_secret": SECRET.hex(),
         "header": header_json(header),
         "chunk_id": chunk_id.hex(),
-        "expected_ranks": ranks,
+        "expected_ranks": wanted,
+        **({"at_least": at_least} if at_least is not None else {}),
         "contributions": [message_json(sealed[r]) for r in ranks],
         "parts": [message_json(p) for p in parts],
         "result": message_json(result),
@@ -86,6 +96,11 @@ def _combine_vector(
             "expected_tag": (inner + pad_sum) % P,
         }
     vector["verified_values"] = values
+    if verifiers is not None:
+        vector["verifiers"] = [
+            {"own_rank": r} if own is None else {"own_rank": r, "own_values": own}
+            for r, own in verifiers.items()
+        ]
     return vector
 
 
@@ -153,6 +168,27 @@ def _vectors() -> list[Vector]:
             {0: [1, -5, 9], 1: [4, -7, 2], 2: [0, -6, 3]},
         ),
         _combine_vector(
+            "presence_pass_with_a_rank_missing",
+            "The presence pass of a quorum all-reduce (quorum 3, wait_ms 250) of ranks 0..3 that went "
+            "on without rank 1: contributors 0, 2 and 3, at least 3 of the 4 expected.  The tag "
+            "relation sums the pads of the ranks the Result names (0, 2, 3), not of all four.",
+            chunk_header(dtype=DType.INT8, total=1, chunk=4, quorum=3, wait_ms=250),
+            {0: [1], 2: [1], 3: [1]},
+            [[0, 2], [3]],
+            expected=[0, 1, 2, 3],
+            at_least=3,
+        ),
+        _combine_vector(
+            "scale_pass_of_decided_members",
+            "The scale pass (an INT16 MIN of proposals) of an operation its presence pass decided to "
+            "run over ranks 0, 2 and 3 (members 0d): rank 1, late, sent no proposals.  Rank 2 checks "
+            "consistency with its own proposals; rank 1 verifies the same Result against the members "
+            "with the bitmap check alone, having no proposal to compare.",
+            chunk_header(op=ReduceOp.MIN, dtype=DType.INT16, total=2, chunk=4, op_id=43, members=[0, 2, 3]),
+            {0: [12, 32767], 2: [9, 30], 3: [15, 31]},
+            verifiers={2: [9, 30], 1: None},
+        ),
+        _combine_vector(
             "barrier_three_ranks",
             "A BARRIER of ranks 0, 1 and 2: no elements, the tag is the sum of the three pads.",
             chunk_header(kind=Collective.BARRIER, dtype=DType.INT8, total=0, chunk=1),
@@ -189,7 +225,8 @@ def vectors() -> list[Vector]:
 
 
 def _check_one(v: Vector) -> list[str]:
-    header, ranks = v["header"], v["expected_ranks"]
+    header, expected, at_least = v["header"], v["expected_ranks"], v.get("at_least")
+    ranks = v["result"]["contributors"]  # S, the ranks whose pads the tag holds
     problems: list[str] = []
     for part in [*v["contributions"], *v["parts"], v["result"]]:
         problems += message_problems(part, header)
@@ -201,18 +238,30 @@ def _check_one(v: Vector) -> list[str]:
         or v["verified_values"] != v["result"]["values"]
     ):
         problems.append("result values are not the combination of the contributions")
-    if v["result"]["contributors"] != ranks:
-        problems.append("result contributors are not the expected ranks")
+    if ranks != [c["contributors"][0] for c in v["contributions"]]:
+        problems.append("result contributors are not the contributions' ranks")
+    quorum = at_least is not None and set(ranks) <= set(expected) and len(ranks) >= at_least
+    if ranks != expected and not quorum:
+        problems.append("result contributors are not the expected ranks (or a quorum of them)")
     tag = v["result"]["fields"].get("tag")
     if "verification" in v:
         k1, k2 = ref.keys(from_hex(v["group_secret"]), from_hex(header["group_id"]))
-        expected = ref.tag(k1, k2, ref.chunk_id(header), ranks, v["result"]["values"])
-        if tag != expected or v["verification"]["expected_tag"] != expected:
+        want = ref.tag(k1, k2, ref.chunk_id(header), ranks, v["result"]["values"])
+        if tag != want or v["verification"]["expected_tag"] != want:
             problems.append("result tag is not <u, y> + sum of pads")
         if sum(c["fields"]["tag"] for c in v["contributions"]) % P != tag:
             problems.append("result tag is not the sum of the contribution tags")
     elif tag is not None:
         problems.append("an untagged op's result carries a tag")
+    keys = derive_group_keys(from_hex(v["group_secret"]), from_hex(header["group_id"]))
+    result = decode_message(from_hex(v["result"]["encoded"]))
+    assert isinstance(result, ChunkMessage)
+    for verifier in v.get("verifiers", []):
+        own_values = verifier.get("own_values")
+        own = None if own_values is None else (verifier["own_rank"], np.array(own_values, dtype=np.int64))
+        got = open_verified(keys, result, frozenset(expected), own, at_least).tolist()
+        if got != v["verified_values"]:
+            problems.append(f"rank {verifier['own_rank']} verifies other values")
     return problems
 
 

@@ -14,21 +14,23 @@ from collections.abc import Sequence
 import numpy as np
 
 from cco.interop import reference as ref
-from cco.interop.jsonform import from_hex
+from cco.interop.jsonform import from_hex, header_from_json
 from cco.interop.vectorfiles.common import (
     GROUP_ID,
     SECRET,
     Vector,
     checked,
     chunk_header,
+    header_json,
     integers,
     ref_payload,
     run,
+    verify_as_endpoint,
 )
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import bitmap_from_ranks
 from cco.wire.messages import ChunkMessage, PartialAggregate, Result, decode_message, encode_message
-from cco.wire.payload import ChunkHeader, combine, derive_group_keys, open_verified, seal
+from cco.wire.payload import ChunkHeader, combine, derive_group_keys, seal
 from cco.wire.registries import DType, ReduceOp
 
 FILE = "payload_verify_failures.json"
@@ -69,6 +71,36 @@ def _failure(
         vector["own_rank"], vector["own_values"] = own
     vector |= {"error_code": int(error), "error_name": error.name, "check": check}
     return vector | (extra or {})
+
+
+def _ignored(
+    name: str,
+    description: str,
+    mutation: str,
+    message: ChunkMessage,
+    header: ChunkHeader,
+    expected_ranks: Sequence[int],
+) -> Vector:
+    """A message an endpoint running the operation ``header`` must ignore: neither
+    accept nor fail on (another epoch's)."""
+    return {
+        "name": name,
+        "fail": True,
+        "description": description,
+        "mutation": mutation,
+        "stage": "verify",
+        "group_secret": SECRET.hex(),
+        "group_id": GROUP_ID.hex(),
+        "expected_ranks": list(expected_ranks),
+        "expected_header": header_json(header),
+        "message": encode_message(message).hex(),
+        "ignored": True,
+    }
+
+
+def _at_width(message: ChunkMessage, width: int) -> ChunkMessage:
+    """The message with its integers written at ``width`` (not necessarily the smallest)."""
+    return dataclasses.replace(message, width=width, payload=ref_payload(integers(message), width)[1])
 
 
 def _with_values(message: ChunkMessage, values: list[int]) -> ChunkMessage:
@@ -222,6 +254,40 @@ def _vectors() -> list[Vector]:
             check=None,
             base=honest,
         ),
+        _failure(
+            "bitmap_before_width",
+            "Rank 3 left out (the bitmap lacks it) and the result written at width 4 where 2 would do: "
+            "two rules broken.  The bitmap is checked first, so VERIFICATION_FAILED, not INVALID_FIELD.",
+            "combine ranks 0..2 only, then re-encode the integers at width 4",
+            stage="verify",
+            expected_ranks=everyone,
+            messages=[_at_width(combine(parts[:3], Result), 4)],
+            error=ErrorCode.VERIFICATION_FAILED,
+            check="bitmap",
+            base=honest,
+        ),
+        _failure(
+            "width_before_tag",
+            "One element changed by one and the result written at width 4 where 2 would do: the width "
+            "is checked before the tag, so INVALID_FIELD, not VERIFICATION_FAILED.",
+            "values[1] += 1, re-encoded at width 4",
+            stage="verify",
+            expected_ranks=everyone,
+            messages=[_at_width(_with_values(honest, changed), 4)],
+            error=ErrorCode.INVALID_FIELD,
+            check=None,
+            base=honest,
+        ),
+        _ignored(
+            "result_of_an_older_epoch_ignored",
+            "The operation was interrupted in epoch 7 and started again in epoch 8 (expected_header); "
+            "the old tree's honest Result of epoch 7 arrives late.  An endpoint ignores it: it is not "
+            "counted and fails nothing (not OPERATION_MISMATCH), since its epoch is not the operation's.",
+            "none: the honest Result of epoch 7, where the operation now runs in epoch 8",
+            honest,
+            dataclasses.replace(header, epoch=header.epoch + 1),
+            everyone,
+        ),
         verify_failure(
             "counted_twice",
             "Rank 2's values and tag added a second time, bitmap unchanged.",
@@ -352,8 +418,9 @@ def vectors() -> list[Vector]:
 def _check_one(v: Vector) -> list[str]:
     keys = derive_group_keys(from_hex(v["group_secret"]), from_hex(v["group_id"]))
     expected = frozenset(v["expected_ranks"])
-    own = (v["own_rank"], np.array(v["own_values"], dtype=np.int64)) if "own_rank" in v else None
+    own = (v["own_rank"], np.array(v["own_values"], dtype=np.int64)) if "own_values" in v else None
     at_least = v.get("at_least")
+    header = header_from_json(v["expected_header"]) if "expected_header" in v else None
     try:
         if v["stage"] == "combine":
             inputs = [decode_message(from_hex(m)) for m in v["inputs"]]
@@ -362,8 +429,14 @@ def _check_one(v: Vector) -> list[str]:
             message = decode_message(from_hex(v["message"]))
             if not isinstance(message, ChunkMessage):
                 return ["message is not a chunk message"]
-            open_verified(keys, message, expected, own, at_least)
+            verdict = verify_as_endpoint(keys, message, header, expected, own, at_least)
+            if v.get("ignored"):
+                return [] if verdict is None else ["was not ignored"]
+            if verdict is None:
+                return ["was ignored (another epoch)"]
     except CcoError as error:
+        if v.get("ignored"):
+            return [f"failed with {error.code.name}, where it must be ignored"]
         problems = []
         if int(error.code) != v["error_code"] or error.code.name != v["error_name"]:
             problems.append(f"failed with {error.code.name}, not {v['error_name']}")

@@ -262,6 +262,48 @@ def _vectors() -> list[Vector]:
             np.array([0x7FC10000, 0xFF800000, 0x80000000, 0x3FC00000], dtype=np.uint32).view(np.float32),
         ),
         e(
+            "bfloat16_signaling_nan_kept",
+            "BROADCAST carries a signaling bfloat16 NaN (7f81) unchanged when it is given exactly: "
+            "its float32 carrier's low half is zero.",
+            DType.BFLOAT16,
+            Collective.BROADCAST,
+            sum_,
+            2,
+            np.array([0x7F810000, 0xFF810000], dtype=np.uint32).view(np.float32),
+        ),
+        e(
+            "bfloat16_nan_conversion",
+            "A float32 NaN becomes a bfloat16 NaN of the same sign and upper half, never an infinity: "
+            "7f800001 and ff800001 (payload only in the low half) get the quiet bit (7fc0, ffc0); "
+            "7f810001 keeps 7f81 (truncated, not rounded, and not quieted); ffc12345 keeps ffc1.",
+            DType.BFLOAT16,
+            Collective.BROADCAST,
+            sum_,
+            2,
+            np.array([0x7F800001, 0xFF800001, 0x7F810001, 0xFFC12345], dtype=np.uint32).view(np.float32),
+        ),
+        e(
+            "bfloat16_rounds_to_infinity",
+            "float32 values converted to bfloat16 round to nearest, ties to even: the largest float32 "
+            "(7f7fffff) and -(2^128 - 2^119) (ff7f8000, a tie) become infinities (7f80, ff80), "
+            "7f7f7fff becomes the largest finite bfloat16 (7f7f), and 3f808000 (a tie) the even 3f80.",
+            DType.BFLOAT16,
+            Collective.BROADCAST,
+            sum_,
+            2,
+            np.array([0x7F7FFFFF, 0xFF7F8000, 0x7F7F7FFF, 0x3F808000], dtype=np.uint32).view(np.float32),
+        ),
+        e(
+            "bfloat16_max_of_an_infinity_rounded_to",
+            "ORDERED: a finite float32 that rounds to a bfloat16 infinity is ordered as that infinity "
+            "(key 7f80 for 7f7fffff, the key of ff80 for ff7f8000); 7f7f7fff is the largest finite.",
+            DType.BFLOAT16,
+            REDUCE,
+            max_,
+            2,
+            np.array([0x7F7FFFFF, 0xFF7F8000, 0x7F7F7FFF], dtype=np.uint32).view(np.float32),
+        ),
+        e(
             "float16_bit_exact",
             "BROADCAST carries float16 bit patterns as int16, NaN and -inf included.",
             DType.FLOAT16,
@@ -382,6 +424,16 @@ def exact_vectors() -> list[Vector]:
             np.array([5e-324, -1.0], dtype=np.float64),
         ),
         e(
+            "bfloat16_sum_exact_rounds_to_infinity",
+            "EXACT: a finite float32 (7f7fffff, the largest) that rounds to a bfloat16 infinity cannot "
+            "be carried: OVERFLOW.",
+            bf16,
+            REDUCE,
+            sum_,
+            4,
+            np.array([1.0, np.finfo(np.float32).max], dtype=np.float32),
+        ),
+        e(
             "float32_sum_exact_nan",
             "EXACT: NaN cannot be carried: OVERFLOW.",
             f32,
@@ -500,6 +552,8 @@ def _reference_wire(v: Vector) -> Vector:
             if dtype in ref.INTEGERS:
                 bits = ref.INTEGERS[dtype]
                 patterns = [a % (1 << bits) for a in ref.integers(dtype, from_hex(v["input_bits"]))]
+            elif dtype == int(DType.BFLOAT16):
+                bits, patterns = 16, ref.bfloat16_patterns(from_hex(v["input_bits"]))
             else:
                 bits = ref.FLOATS[dtype][0]
                 patterns = [ref.pattern(dtype, a) % (1 << bits) for a in x]
