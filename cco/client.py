@@ -155,6 +155,9 @@ class Communicator:
             comm._redial = asyncio.ensure_future(comm._stay_attached())
         except TimeoutError:
             await comm._close_services()
+            if machine.no_tree is not None:
+                why = f"group {spec.group_id.hex()}: not ready within {timeout} s: {machine.no_tree}"
+                raise CcoError(ErrorCode.NO_AGGREGATOR, why) from None
             raise CcoError(
                 ErrorCode.TIMEOUT,
                 f"group {spec.group_id.hex()}: not ready within {timeout} s "

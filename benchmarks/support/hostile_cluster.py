@@ -327,37 +327,56 @@ def _memory(samples: list[tuple[float, float]], attack_start: float, attack_end:
     )
 
 
-def measure(plan: Plan, workdir: Path, log: IO[str] | None = None) -> Outcome:
-    """Run ``plan`` once on a fresh cluster in ``workdir``."""
+class Session:
+    """A cluster and its victim group, kept for one attack after another: an attack
+    is judged on the victim's rounds and the nodes' RSS from its own unloaded window
+    to the end of its settling, so attacks can share the cluster's start-up (most
+    of a short attack's time)."""
 
-    def say(text: str) -> None:
-        if log is not None:
-            print(f"[{plan.attack}] {text}", file=log, flush=True)
+    def __init__(self, workdir: Path, plan: Plan, log: IO[str] | None = None) -> None:
+        self.workdir = workdir
+        self.plan = plan
+        self.log = log
+        self.cluster = Cluster(workdir, plan)
+        self.victim_out = workdir / "victim.jsonl"
+        self.sampler: Sampler | None = None
+        self.victim: subprocess.Popen[str] | None = None
 
-    cluster = Cluster(workdir, plan)
-    sampler: Sampler | None = None
-    try:
+    def start(self) -> None:
+        cluster = self.cluster
         cluster.start()
-        rendezvous = f"{HOST}:{cluster.rendezvous[1]}"
-        victim_out = workdir / "victim.jsonl"
-        victim = cluster.support(
+        self.victim = cluster.support(
             "victim",
             "hostile_victim.py",
             "victim",
             "--pki",
             str(cluster.pki),
             "--rendezvous",
-            rendezvous,
+            f"{HOST}:{cluster.rendezvous[1]}",
             "--out",
-            str(victim_out),
+            str(self.victim_out),
         )
-        _wait_rounds(victim_out, plan.warmup_rounds, victim, 90.0)
+        _wait_rounds(self.victim_out, self.plan.warmup_rounds, self.victim, 90.0)
+        self.sampler = Sampler({**cluster.servers(), "victim": self.victim.pid})
+        self.sampler.start()
+
+    def attack(self, plan: Plan) -> Outcome:
+        """Run ``plan``'s attack now and judge it."""
+        assert self.sampler is not None
+
+        def say(text: str) -> None:
+            if self.log is not None:
+                print(f"[{plan.attack}] {text}", file=self.log, flush=True)
+
+        cluster = self.cluster
+        rendezvous = f"{HOST}:{cluster.rendezvous[1]}"
         # the attacker and the newcomer start now and wait for their time (Plan.startup)
         attack_wall = time.time() + plan.startup + plan.unloaded
-        attacker_out = workdir / "attacker.json"
+        window_start = time.time()
+        attacker_out = self.workdir / f"attacker-{plan.attack}.json"
         aggregators = ",".join(f"{h}:{p}" for h, p in cluster.aggregators)
         attacker = cluster.support(
-            "attacker",
+            f"attacker-{plan.attack}",
             "hostile_peer.py",
             plan.attack,
             "--pki",
@@ -374,9 +393,9 @@ def measure(plan: Plan, workdir: Path, log: IO[str] | None = None) -> Outcome:
             str(attack_wall),
             stdout=attacker_out,
         )
-        newcomer_out = workdir / "newcomer.jsonl"
+        newcomer_out = self.workdir / f"newcomer-{plan.attack}.jsonl"
         newcomer = cluster.support(
-            "newcomer",
+            f"newcomer-{plan.attack}",
             "hostile_victim.py",
             "newgroup",
             "--pki",
@@ -390,8 +409,6 @@ def measure(plan: Plan, workdir: Path, log: IO[str] | None = None) -> Outcome:
             "--at",
             str(attack_wall + plan.newcomer_after),
         )
-        sampler = Sampler({**cluster.servers(), "victim": victim.pid})
-        sampler.start()
         time.sleep(plan.startup)
         say(f"victim running; {plan.unloaded:g} s unloaded")
         time.sleep(max(0.0, attack_wall - time.time()))
@@ -408,12 +425,10 @@ def measure(plan: Plan, workdir: Path, log: IO[str] | None = None) -> Outcome:
         time.sleep(plan.settle)
         with contextlib.suppress(subprocess.TimeoutExpired):
             newcomer.wait(30)
-        sampler.stop()
-        victim.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            victim.wait(30)
-        rounds = _rounds(victim_out)
-        unloaded = [r for r in rounds if r["t"] < attack_wall and r["round"] >= plan.warmup_rounds]
+        settled = time.monotonic()
+        settled_wall = time.time()
+        rounds = [r for r in _rounds(self.victim_out) if window_start <= r["t"] <= settled_wall]
+        unloaded = [r for r in rounds if r["t"] < attack_wall]
         attacked = [r for r in rounds if attack_wall <= r["t"] <= attack_end_wall]
         after_start = [r for r in rounds if r["t"] >= attack_wall]
         failed = [r for r in after_start if not r["ok"]]
@@ -425,8 +440,8 @@ def measure(plan: Plan, workdir: Path, log: IO[str] | None = None) -> Outcome:
         except json.JSONDecodeError:
             attacker_report = {"error": "no report", "output": attacker_out.read_text()[-500:]}
         memory = {
-            name: _memory(samples, attack_start, attack_end)
-            for name, samples in sampler.samples.items()
+            name: _memory([(t, v) for t, v in samples if t <= settled], attack_start, attack_end)
+            for name, samples in self.sampler.samples.items()
             if name != "victim"
         }
         return Outcome(
@@ -446,8 +461,26 @@ def measure(plan: Plan, workdir: Path, log: IO[str] | None = None) -> Outcome:
             memory=memory,
             attacker=attacker_report,
         )
+
+    def close(self) -> dict[str, int | None]:
+        """Stop the victim, then every node; their exit codes."""
+        if self.sampler is not None and self.sampler.is_alive():
+            self.sampler.stop()
+        if self.victim is not None and self.victim.poll() is None:
+            self.victim.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.victim.wait(30)
+        exits = self.cluster.close()
+        if self.log is not None:
+            print(f"[session] exits {exits}", file=self.log, flush=True)
+        return exits
+
+
+def measure(plan: Plan, workdir: Path, log: IO[str] | None = None) -> Outcome:
+    """Run ``plan`` once on a fresh cluster in ``workdir``."""
+    session = Session(workdir, plan, log)
+    try:
+        session.start()
+        return session.attack(plan)
     finally:
-        if sampler is not None and sampler.is_alive():
-            sampler.stop()
-        exits = cluster.close()
-        say(f"exits {exits}")
+        session.close()

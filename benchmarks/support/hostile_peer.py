@@ -594,9 +594,11 @@ async def _answer(
 CONCURRENT_INPUTS = 8
 """Hostile inputs in flight at once: enough to finish the catalogue in seconds, few
 enough that the handshakes themselves do not keep a busy machine from answering."""
-ANSWER_WAIT = 7.0
+ANSWER_WAIT = 10.0
 """Seconds a hostile input waits for its answer: an aggregator answers a parked chunk
-when its pending timeout (5 s) passes."""
+when its pending timeout (5 s) passes, and a node on a loaded machine, closing a
+connection, first tries for up to ``close_flush_timeout`` (2 s) to deliver what it
+queued before; the rest is margin for a machine whose cores are shared."""
 
 
 async def garbage_frames(setup: Setup, tally: Tally) -> None:

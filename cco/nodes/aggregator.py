@@ -117,7 +117,18 @@ class AggregatorMachine:
         self._session = RendezvousSession()
         self._unconfirmed_until: float | None = None  # when groups the rendezvous did not confirm end
         self._context = Context(
-            config, {}, {}, {}, Pending(config.pending_limit, config.pending_timeout), Usage(), Dials()
+            config,
+            {},
+            {},
+            {},
+            Pending(
+                config.pending_limit,
+                config.pending_timeout,
+                config.parked_bytes_per_peer,
+                config.parked_bytes,
+            ),
+            Usage(),
+            Dials(),
         )
         self._groups: dict[bytes, AggregatorGroup] = {}
 
@@ -460,13 +471,10 @@ class AggregatorMachine:
         )
 
     def _park(self, peer: PeerId, message: ChunkMessage | Abort, now: float) -> list[Command]:
-        pending = self._context.pending
-        if pending.park(peer, message, now):
+        bound = self._context.pending.park(peer, message, now)
+        if bound is None:
             return []
-        why = (
-            f"pending queue full ({pending.limit} messages) for group "
-            f"{message.group_id.hex()} epoch {message.epoch}"
-        )
+        why = f"{bound}, for group {message.group_id.hex()} epoch {message.epoch}"
         return [refuse(peer, message, ErrorCode.RESOURCE_EXHAUSTED, why)]
 
     # --- timers -----------------------------------------------------------------

@@ -13,7 +13,11 @@ class AggregatorConfig:
 
     ``capacity`` is the number of groups it serves at once.  ``pending_limit``
     bounds the chunks one peer may park before the rendezvous has told this node
-    about their group; they are refused after ``pending_timeout`` seconds.
+    about their group, ``parked_bytes_per_peer`` their payload bytes and
+    ``parked_bytes`` the payload parked by all peers together; they are refused
+    after ``pending_timeout`` seconds.  An honest child parks at most a window of
+    chunks per group, and only in the moment between its TreeAssignment and this
+    node's (which the rendezvous sends first).
     ``record_limit`` bounds the per-group memory of completed slots kept to
     recognise late retransmissions.  ``retry_interval`` is the pause before a lost
     parent is dialled again.  ``rendezvous_grace`` is how long the groups it serves
@@ -29,6 +33,8 @@ class AggregatorConfig:
     labels: tuple[str, ...] = ()
     pending_limit: int = 64
     pending_timeout: float = 5.0
+    parked_bytes_per_peer: int = 4 * 1024 * 1024
+    parked_bytes: int = 8 * 1024 * 1024
     record_limit: int = 1024
     retry_interval: float = 1.0
     rendezvous_grace: float = 60.0

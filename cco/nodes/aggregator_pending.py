@@ -6,7 +6,11 @@ connection; and data going down to a child whose connection has not been reporte
 (a broadcast receiver sends nothing before data reaches it), *held* per child.  Each
 queue takes at most ``pending_limit`` messages, and each message waits at most
 ``pending_timeout`` seconds: a parked chunk is then refused with an Abort naming its
-operation, a held one dropped (the child times out and asks again).
+operation, a held one dropped (the child times out and asks again).  Parked payload
+is also bounded in bytes, per peer (``parked_bytes_per_peer``) and for the whole
+node (``parked_bytes``), so that a few peers parking large chunks for groups that
+never come cannot make the node hold more than that: a chunk beyond either bound is
+refused at once (RESOURCE_EXHAUSTED, naming the bound).
 """
 
 from __future__ import annotations
@@ -36,22 +40,48 @@ class Waiting:
 class Pending:
     """The parked and held queues of one aggregator, with the bytes they hold."""
 
-    def __init__(self, limit: int, timeout: float) -> None:
+    def __init__(
+        self, limit: int, timeout: float, peer_bytes: int = 1 << 62, node_bytes: int = 1 << 62
+    ) -> None:
         self.limit = limit
         self.timeout = timeout
+        self.peer_bytes = peer_bytes
+        self.node_bytes = node_bytes
         self.bytes = 0
+        self.parked_bytes = 0
         self._parked: dict[PeerId, deque[Waiting]] = {}
+        self._parked_by: dict[PeerId, int] = {}  # payload bytes each peer has parked
         self._held: dict[str, deque[Waiting]] = {}  # child node_id -> what waits for its connection
 
-    def park(self, peer: PeerId, message: ChunkMessage | Abort, now: float) -> bool:
-        """Keep a chunk from ``peer`` until its group's assignment comes; False when the
-        peer's queue is full."""
+    def park(self, peer: PeerId, message: ChunkMessage | Abort, now: float) -> str | None:
+        """Keep a chunk from ``peer`` until its group's assignment comes; when a bound
+        would be passed, keep nothing and return the bound's description."""
         queue = self._parked.setdefault(peer, deque())
+        size = payload_size(message)
+        mine = self._parked_by.get(peer, 0)
         if len(queue) >= self.limit:
-            return False
+            return f"limit pending_limit ({self.limit}) reached: the peer's parked chunks"
+        if mine + size > self.peer_bytes:
+            return f"limit parked_bytes_per_peer ({self.peer_bytes}) reached: the peer's parked payload"
+        if self.parked_bytes + size > self.node_bytes:
+            return f"limit parked_bytes ({self.node_bytes}) reached: the payload parked by all peers"
         queue.append(Waiting(now, message))
-        self.bytes += payload_size(message)
-        return True
+        self._parked_by[peer] = mine + size
+        self._count(size)
+        return None
+
+    def _count(self, size: int) -> None:
+        self.bytes += size
+        self.parked_bytes += size
+
+    def _unpark(self, peer: PeerId, size: int) -> None:
+        self.bytes -= size
+        self.parked_bytes -= size
+        left = self._parked_by.get(peer, 0) - size
+        if left > 0:
+            self._parked_by[peer] = left
+        else:
+            self._parked_by.pop(peer, None)
 
     def unpark(self, group_id: bytes, epoch: int) -> Iterator[tuple[PeerId, ChunkMessage | Abort]]:
         """Take out, in arrival order per peer, what was parked for ``group_id`` up to ``epoch``."""
@@ -64,7 +94,7 @@ class Pending:
             if not mine:
                 continue
             self._parked[peer] = rest
-            self.bytes -= sum(payload_size(entry.message) for entry in mine)
+            self._unpark(peer, sum(payload_size(entry.message) for entry in mine))
             for entry in mine:
                 yield peer, entry.message
 
@@ -85,7 +115,7 @@ class Pending:
     def disconnected(self, peer: PeerId) -> None:
         """What ``peer`` parked goes with its connection."""
         dropped = self._parked.pop(peer, ())
-        self.bytes -= sum(payload_size(entry.message) for entry in dropped)
+        self._unpark(peer, sum(payload_size(entry.message) for entry in dropped))
 
     def deadline(self, earliest: float | None) -> float | None:
         for queue in chain(self._parked.values(), self._held.values()):
@@ -100,7 +130,7 @@ class Pending:
             told: set[tuple[bytes, int, int]] = set()
             while queue and queue[0].arrived + self.timeout <= now:
                 message = queue.popleft().message
-                self.bytes -= payload_size(message)
+                self._unpark(peer, payload_size(message))
                 op = (message.group_id, message.epoch, message.op_id)
                 if op in told:
                     continue

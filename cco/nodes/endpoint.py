@@ -126,6 +126,12 @@ class EndpointMachine:
         return 0 if self._joined is None else self._joined.membership.epoch
 
     @property
+    def no_tree(self) -> str | None:
+        """Why the group has no tree, when the rendezvous said no aggregator can serve it
+        (EpochChange with NO_AGGREGATOR); None once a tree is assigned."""
+        return None if self._joined is None else self._joined.membership.no_tree
+
+    @property
     def members(self) -> frozenset[int]:
         """The group's members in the current epoch, as the rendezvous announced them."""
         return frozenset() if self._joined is None else self._joined.membership.members

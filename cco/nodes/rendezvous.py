@@ -77,6 +77,7 @@ from cco.nodes.events import (
     TimerFired,
 )
 from cco.nodes.liveness import Liveness
+from cco.nodes.rendezvous_admission import Admission
 from cco.nodes.rendezvous_config import FALLBACK_LABEL, GroupConfig, RendezvousConfig
 from cco.nodes.rendezvous_durable import DurableState, export, load
 from cco.nodes.rendezvous_records import (
@@ -135,7 +136,9 @@ class RendezvousMachine:
         self._node_peers: dict[str, str] = {}
         self._grace_ends: float | None = None
         self._version = 0
-        self._trees = Trees(self._node_peers, self._changed)
+        self._now = 0.0  # the time of the input being handled
+        self._admission = Admission(self.config.limits, self.config.groups)
+        self._trees = Trees(self._node_peers, self._changed, self._moved)
         for group_id, cfg in sorted(self.config.groups.items()):
             self._trees.groups[group_id] = self._new_group(group_id, cfg.world_size, cfg.credential, epoch=1)
 
@@ -159,8 +162,9 @@ class RendezvousMachine:
         """
         machine = cls(config, random_bytes=random_bytes)
         groups, registrations = load(state)
-        machine._trees.groups.update(groups)
+        machine._trees.adopt(groups)
         machine._trees.registrations.update(registrations)
+        machine._admission.restore(machine._trees.groups.values(), now)
         if any(g.members for g in state.groups) or state.aggregators:
             machine._grace_ends = now + machine.config.resume_grace
         return machine
@@ -170,6 +174,7 @@ class RendezvousMachine:
     def handle(self, event: Input, now: float) -> list[Command]:
         """Process one input at time ``now`` (seconds); returns what to send or close."""
         out: list[Command] = []
+        self._now = now
         if self._grace_ends is not None and now >= self._grace_ends:
             self._end_grace(out)
         if isinstance(event, PeerConnected):
@@ -202,11 +207,14 @@ class RendezvousMachine:
         return out
 
     def next_deadline(self) -> float | None:
-        """The earliest heartbeat to send, loss to declare or end of the grace period
-        after a restart; None when there is none of them."""
+        """The earliest heartbeat to send, loss to declare, expiry of a created group
+        or end of the grace period after a restart; None when there is none of them."""
         times = [p.liveness.deadline(self._loss_interval(p)) for p in self._peers.values()]
         if self._grace_ends is not None:
             times.append(self._grace_ends)
+        expiry = self._admission.deadline()
+        if expiry is not None:
+            times.append(expiry)
         return min(times, default=None)
 
     @property
@@ -241,11 +249,37 @@ class RendezvousMachine:
             away = group.away()
             if away:
                 self._remove_members(group, away, MemberEvent.LOST, ErrorCode.PEER_LOST, out)
-        trees.retry_waiting(out)
+        trees.retry_waiting(out, arrived=True)
         self._changed()
 
     def _changed(self) -> None:
         self._version += 1
+
+    def _moved(self, group: GroupRecord) -> None:
+        self._admission.state_changed(group, self._now)
+
+    def _expire(self, now: float, out: list[Command]) -> None:
+        """Created groups whose time ran out: one still forming loses its members
+        (each told with Error(TIMEOUT)), one closed for ``idle_timeout`` is forgotten."""
+        limits = self.config.limits
+        for group_id in self._admission.due(now):
+            group = self._trees.groups.get(group_id)
+            if group is None:
+                continue
+            if group.state is GroupState.FORMING:
+                detail = (
+                    f"group {group_id.hex()} did not form within {limits.forming_timeout:g} s "
+                    f"({len(group.members)} of {group.world_size} members joined): its members are removed"
+                )
+                for _, member in sorted(group.members.items()):
+                    if member.peer is not None:
+                        error = Error(code=ErrorCode.TIMEOUT, detail=clip_detail(detail))
+                        out.append(SendMessage(member.peer, error))
+                self._remove_members(group, sorted(group.members), MemberEvent.LOST, ErrorCode.TIMEOUT, out)
+            elif group.state is GroupState.CLOSED:
+                self._trees.forget(group_id)
+                self._admission.group_forgotten(group_id)
+                self._changed()
 
     # --- connections and liveness -----------------------------------------------
 
@@ -288,6 +322,7 @@ class RendezvousMachine:
         ]
 
     def _timers(self, now: float, out: list[Command]) -> None:
+        self._expire(now, out)
         for peer in sorted(self._peers.values(), key=lambda p: p.peer):
             if peer.liveness.lost(now, self._loss_interval(peer)):
                 out.append(ClosePeer(peer.peer, ErrorCode.PEER_LOST, "no message for 3 heartbeat intervals"))
@@ -386,11 +421,15 @@ class RendezvousMachine:
                 self._resume(group, away[0], peer, request, out)
                 return
         try:
+            created = group is None
             if group is None:
                 if not self.config.create_groups_on_join:
                     raise CcoError(ErrorCode.UNKNOWN_GROUP, "no such group")
+                self._admit(None, peer, request.world_size)
                 group = self._new_group(request.group_id, request.world_size, request.credential, epoch=1)
-            elif group.state is GroupState.CLOSED and request.group_id not in self.config.groups:
+            else:
+                self._admit(group, peer, request.world_size)
+            if group.state is GroupState.CLOSED and request.group_id not in self.config.groups:
                 group.world_size, group.credential = request.world_size, request.credential
                 self._changed()
             self._check_join(group, peer, request)
@@ -398,7 +437,10 @@ class RendezvousMachine:
             reject = JoinReject(group_id=request.group_id, code=exc.code, detail=exc.detail)
             out.append(SendMessage(peer.peer, reject))
             return
-        trees.groups.setdefault(group.group_id, group)  # a group created by this join exists from now on
+        if created:  # a group created by this join exists from now on
+            trees.groups[group.group_id] = group
+            self._admission.group_created()
+            self._moved(group)
         if group.state is GroupState.CLOSED:
             trees.group_event(group, GroupEvent.REOPEN, out)
             group.secret = self._secret()
@@ -408,6 +450,7 @@ class RendezvousMachine:
             rank, peer.node_id, peer.peer, request.labels, peer.capabilities, epoch=group.epoch
         )
         group.members[rank] = member
+        self._admission.members += 1
         peer.groups.add(group.group_id)
         self._changed()
         out.append(SendMessage(peer.peer, self._accept(group, rank, group.epoch)))
@@ -466,6 +509,19 @@ class RendezvousMachine:
         if group.plan is not None and member.state is MemberState.JOINED:
             self._trees.assign_member(group, member, out)
             self._changed()
+
+    def _admit(self, group: GroupRecord | None, peer: PeerRecord, world_size: int) -> None:
+        """Raise RESOURCE_EXHAUSTED if ``peer`` may not join ``group`` (None: create
+        it) within the admission limits (:mod:`cco.nodes.rendezvous_admission`); a
+        join that completes its group is not a pending one."""
+        if group is not None and group.group_id in peer.groups:
+            return  # refused as a second join of the same group, by _check_join
+        if group is None or group.state is GroupState.CLOSED:
+            forming = world_size > 1
+        else:
+            forming = group.state is GroupState.FORMING and len(group.members) + 1 < group.world_size
+        groups = self._trees.groups
+        self._admission.check_join(group, (groups[g] for g in peer.groups), forming)
 
     def _check_credentials(self, group: GroupRecord, request: JoinRequest) -> None:
         if not hmac.compare_digest(group.credential, request.credential):
@@ -529,6 +585,7 @@ class RendezvousMachine:
         self, group: GroupRecord, ranks: list[int], event: MemberEvent, code: ErrorCode, out: list[Command]
     ) -> None:
         """Members gone at once: one membership change (one epoch) for all of them."""
+        self._admission.members -= len(ranks)
         for rank in ranks:
             member = group.members.pop(rank)
             self._trees.member_event(member, event)

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from cco.nodes.liveness import LOSS_INTERVALS
+from cco.nodes.rendezvous_admission import AdmissionLimits
 from cco.wire.messages import GroupParams
 from cco.wire.registries import GROUP_ID_SIZE, MAX_WORLD_SIZE
 
@@ -72,7 +73,8 @@ class RendezvousConfig:
     members and aggregators to come back; None means ``LOSS_INTERVALS`` heartbeat
     intervals plus :data:`RESUME_REDIAL_GAP` (see there for why).  Options:
     ``create_groups_on_join`` lets the first JoinRequest for an unknown group id
-    create it with the joiner's world size and credential.
+    create it with the joiner's world size and credential.  ``limits`` bound what
+    peers may make the rendezvous hold (:mod:`cco.nodes.rendezvous_admission`).
     """
 
     groups: Mapping[bytes, GroupConfig] = field(default_factory=dict)
@@ -80,6 +82,7 @@ class RendezvousConfig:
     params: GroupParams = DEFAULT_PARAMS
     max_fan_in: int = DEFAULT_FAN_IN
     resume_grace_ms: int | None = None
+    limits: AdmissionLimits = field(default_factory=AdmissionLimits)
 
     def __post_init__(self) -> None:
         if self.max_fan_in < 2:
@@ -113,6 +116,7 @@ __all__ = [
     "DEFAULT_PARAMS",
     "FALLBACK_LABEL",
     "RESUME_REDIAL_GAP",
+    "AdmissionLimits",
     "GroupConfig",
     "RendezvousConfig",
 ]

@@ -97,7 +97,7 @@ class GroupAction(Enum):
     PLAN = "plan a tree for the current epoch"
     REPLAN = "end the epoch, then plan a tree for the new one"
     INSTALL = "install the tree and send its assignments"
-    WAIT = "wait for capacity"
+    WAIT = "wait for capacity; the members hear NO_AGGREGATOR"
     FORGET = "nothing to tell: no epoch ran"
     END = "end the epoch: the last member is gone"
     REOPEN = "a new epoch and secret for the returning group"

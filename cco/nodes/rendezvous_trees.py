@@ -8,15 +8,19 @@ arriving re-plans every group, but only a group whose tree gets *better*
 (draft section "Fallback to End Hosts"), changes epoch: in-flight operations are
 not failed for a tree that is merely different.  A group with no room for a tree
 waits (state WAITING) and gets its tree, in its current epoch, as soon as capacity
-appears.  An aggregator is placed in a group's tree only if it accepts the group's
-chunk_elements and lists every dtype, op and collective that all the group's
-members list.  Groups move along :data:`~cco.nodes.rendezvous_states.GROUP_TABLE`
-and do what its moves name.
+appears; its members are told at once, by an EpochChange with code NO_AGGREGATOR
+(unless the epoch change that brought it there already said so).  The groups
+waiting and the trees each aggregator is in are indexed, so a join or a re-plan
+visits the waiting groups only, never every group.  An aggregator is placed in a
+group's tree only if it accepts the group's chunk_elements and lists every dtype,
+op and collective that all the group's members list.  Groups move along
+:data:`~cco.nodes.rendezvous_states.GROUP_TABLE` and do what its moves name.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from collections.abc import Callable, Mapping
 
 from cco.nodes.events import Command, PeerId, SendMessage
@@ -51,11 +55,42 @@ class Trees:
     """Every group the rendezvous knows, the aggregators registered with it, and the
     work of keeping each group in a tree."""
 
-    def __init__(self, node_peers: Mapping[str, PeerId], changed: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        node_peers: Mapping[str, PeerId],
+        changed: Callable[[], None],
+        moved: Callable[[GroupRecord], None] = lambda group: None,
+    ) -> None:
         self.groups: dict[bytes, GroupRecord] = {}
         self.registrations: dict[str, Registration] = {}
         self._node_peers = node_peers
         self._changed = changed
+        self._moved = moved
+        self._waiting: set[bytes] = set()  # groups in WAITING: retried when capacity may have appeared
+        self._used: Counter[str] = Counter()  # aggregator node id -> trees it is in
+        self._released = False  # a tree was released since the waiting groups were last retried
+
+    def adopt(self, groups: Mapping[bytes, GroupRecord]) -> None:
+        """Take restored groups, with their trees and waiting states, into the indexes."""
+        for group in groups.values():
+            self.groups[group.group_id] = group
+            if group.state is GroupState.WAITING:
+                self._waiting.add(group.group_id)
+            self._set_plan(group, group.plan)
+
+    def forget(self, group_id: bytes) -> None:
+        """Drop a closed group (it has no tree and is not waiting)."""
+        group = self.groups.pop(group_id)
+        assert group.state is GroupState.CLOSED and group.plan is None
+
+    def _set_plan(self, group: GroupRecord, plan: TreePlan | None) -> None:
+        """Install or clear a group's tree, keeping the count of trees per aggregator."""
+        if group.plan is not None:
+            self._used.subtract(group.plan.aggregator_ids)
+            self._released = True
+        group.plan = plan
+        if plan is not None:
+            self._used.update(plan.aggregator_ids)
 
     # --- moves --------------------------------------------------------------------
 
@@ -70,7 +105,13 @@ class Trees:
         """Move ``group`` on ``event`` and do what the move names (``code`` is the
         EpochChange's, ``plan`` a tree already found for it)."""
         move = _internal(GROUP_TABLE, group.state, event)
-        group.state = move.target
+        if move.target is not group.state:
+            group.state = move.target
+            if move.target is GroupState.WAITING:
+                self._waiting.add(group.group_id)
+            else:
+                self._waiting.discard(group.group_id)
+            self._moved(group)
         match move.action:
             case GroupAction.COUNT:
                 if not group.members:
@@ -89,6 +130,9 @@ class Trees:
                 assert plan is not None
                 self._install(group, plan, out)
             case GroupAction.WAIT:
+                if group.change_code is not ErrorCode.NO_AGGREGATOR:
+                    # the members learn at once that no tree can be had, not by a timeout
+                    self._end_epoch(group, ErrorCode.NO_AGGREGATOR, out)
                 self._changed()
             case GroupAction.END:
                 self._end_epoch(group, code, out)
@@ -137,7 +181,7 @@ class Trees:
                 peer = self._aggregator_peer(placement.node_id)
                 if peer is not None:
                     out.append(SendMessage(peer, change))
-        group.plan = None
+        self._set_plan(group, None)
 
     def _aggregator_peer(self, node_id: str) -> PeerId | None:
         """The connection of a registered aggregator; None if it is away or gone."""
@@ -156,7 +200,7 @@ class Trees:
     def _install(self, group: GroupRecord, plan: TreePlan, out: list[Command]) -> None:
         """Install ``plan`` and send its TreeAssignments to whoever is connected (an
         away node gets its own when it registers or joins again)."""
-        group.plan = plan
+        self._set_plan(group, plan)
         self._changed()
         for placement in plan.aggregators:
             peer = self._aggregator_peer(placement.node_id)
@@ -209,11 +253,7 @@ class Trees:
     def _pool(self, group: GroupRecord) -> list[AggregatorInfo]:
         """Registered aggregators able to serve ``group``, with the capacity left for it."""
         params, needs = group.current_params(), group.needs()
-        used: dict[str, int] = {}
-        for other in self.groups.values():
-            if other is not group and other.plan is not None:
-                for node_id in other.plan.aggregator_ids:
-                    used[node_id] = used.get(node_id, 0) + 1
+        own = group.plan.aggregator_ids if group.plan is not None else frozenset()
         pool = []
         for node_id, registration in sorted(self.registrations.items()):
             info, capabilities = registration.info, registration.capabilities
@@ -222,7 +262,7 @@ class Trees:
                 continue
             if not needs.met_by(capabilities):
                 continue
-            spare = info.capacity - used.get(node_id, 0)
+            spare = info.capacity - self._used[node_id] + (node_id in own)
             if spare >= 1:
                 pool.append(AggregatorInfo(node_id, info.address, spare, info.max_fan_in, info.labels))
         return pool
@@ -246,9 +286,17 @@ class Trees:
             if node in self.registrations
         )
 
-    def retry_waiting(self, out: list[Command]) -> None:
-        for _, group in sorted(self.groups.items()):
-            if group.state is GroupState.WAITING:
+    def retry_waiting(self, out: list[Command], *, arrived: bool = False) -> None:
+        """Plan the groups waiting for capacity, in group id order, if capacity may
+        have appeared: an aggregator ``arrived``, or a tree was released since the
+        last retry (a join that creates or completes a group frees none, so it
+        costs nothing here however many groups wait)."""
+        if not (arrived or self._released):
+            return
+        self._released = False
+        for group_id in sorted(self._waiting):
+            group = self.groups[group_id]
+            if group.state is GroupState.WAITING:  # an earlier one's tree may have moved it
                 self.group_event(group, GroupEvent.AGGREGATORS_CHANGED, out)
 
     def aggregators_changed(self, out: list[Command], lost: str | None) -> None:
@@ -262,7 +310,7 @@ class Trees:
                 # the members learn whether a new tree follows or none can be placed
                 code = ErrorCode.PEER_LOST if self._candidate(group) is not None else ErrorCode.NO_AGGREGATOR
                 self.group_event(group, GroupEvent.AGGREGATORS_CHANGED, out, code)
-        self.retry_waiting(out)
+        self.retry_waiting(out, arrived=True)
         if lost is None:
             for _, group in sorted(self.groups.items()):
                 if group.state is GroupState.ACTIVE and group.plan is not None:
@@ -275,4 +323,4 @@ class Trees:
                     self.group_event(
                         group, GroupEvent.AGGREGATORS_CHANGED, out, ErrorCode.NO_ERROR, candidate
                     )
-            self.retry_waiting(out)
+            self.retry_waiting(out, arrived=True)

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from cco.nodes.events import Command, ConnectTo
+from cco.services.heap import HeapTrimmer
 from cco.services.runner import Machine, MachineRunner
 from cco.transport import LocalIdentity, PeerLink, Server, TransportConfig, connect, serve
 from cco.wire.errors import CcoError
@@ -58,6 +59,7 @@ class NodeService:
         self.connect_timeout = connect_timeout
         self.runner = MachineRunner(machine, self._dial, on_command)
         self.server: Server | None = None
+        self.heap = HeapTrimmer()  # a serving node gives back what departed peers held
 
     @property
     def machine(self) -> Machine:
@@ -66,6 +68,8 @@ class NodeService:
     async def listen(self, host: str, port: int) -> tuple[str, int]:
         """Accept connections; every authenticated link is handed to the machine."""
         self.server = await serve(host, port, self.transport, self.identity, self._accepted)
+        self.server.on_connection_ended = self.heap.released
+        self.runner.on_epoch_change = self.heap.released  # and what a group's last epoch held
         return self.server.address
 
     def _accepted(self, link: PeerLink) -> None:
@@ -93,6 +97,7 @@ class NodeService:
         )
 
     async def close(self) -> None:
+        self.heap.cancel()
         await self.runner.close()
         if self.server is not None:
             await self.server.close()

@@ -115,6 +115,7 @@ class MachineRunner:
         self._next_inbound = 0
         self._closing = False
         self.closed = asyncio.Event()
+        self.on_epoch_change: Callable[[], None] = lambda: None
 
     # --- inputs --------------------------------------------------------------------
 
@@ -125,6 +126,8 @@ class MachineRunner:
             return  # a closing node neither decides nor sends anything more
         if isinstance(event, MessageReceived) and isinstance(event.message, (TreeAssignment, EpochChange)):
             log.info("%s", describe_membership(event.message))
+            if isinstance(event.message, EpochChange):
+                self.on_epoch_change()  # an epoch's slots and queues go with it
         try:
             commands = self.machine.handle(event, self.clock())
         except CcoError as exc:  # the machines refuse local misuse this way

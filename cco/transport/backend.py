@@ -115,7 +115,9 @@ class ConnectionFactory(Protocol):
     @property
     def supported_versions(self) -> list[int]: ...
     def client(self, expected_node_id: str) -> QuicLink: ...
-    def server(self, original_destination_connection_id: bytes) -> QuicLink: ...
+    def server(
+        self, original_destination_connection_id: bytes, retry_source_connection_id: bytes | None = None
+    ) -> QuicLink: ...
 
 
 def _settings(config: TransportConfig, is_client: bool, diagnostics: Diagnostics) -> dict[str, Any]:
@@ -162,11 +164,14 @@ class _AioquicFactory:
             expected_node_id=expected_node_id,
         )
 
-    def server(self, original_destination_connection_id: bytes) -> QuicLink:
+    def server(
+        self, original_destination_connection_id: bytes, retry_source_connection_id: bytes | None = None
+    ) -> QuicLink:
         return CcoQuicConnection(
             configuration=self._quic_config,
             receive_window=self._receive_window,
             original_destination_connection_id=original_destination_connection_id,
+            retry_source_connection_id=retry_source_connection_id,
         )
 
 
@@ -197,12 +202,15 @@ class _Qh3Factory:
             expected_node_id=expected_node_id,
         )
 
-    def server(self, original_destination_connection_id: bytes) -> QuicLink:
+    def server(
+        self, original_destination_connection_id: bytes, retry_source_connection_id: bytes | None = None
+    ) -> QuicLink:
         return self._connection_class(
             configuration=self._quic_config,
             credentials=self._credentials,
             cafile=self._cafile,
             original_destination_connection_id=original_destination_connection_id,
+            retry_source_connection_id=retry_source_connection_id,
         )
 
 

@@ -66,6 +66,40 @@ class TransportConfig:
     net.core.rmem_max / wmem_max).  Large datagrams arriving in bursts from several
     peers overflow the default (~208 KiB) receive buffer; every drop costs a QUIC
     loss-recovery delay, which dominated collective latency on loopback."""
+    send_queue_limit: int = 8 * MiB
+    """Bytes handed to QUIC for one accepted connection and not yet sent, beyond which
+    the peer is taken not to read: the connection is closed at once with
+    RESOURCE_EXHAUSTED and what was queued for it is dropped.  An honest peer is owed
+    at most ``window`` chunk messages per group it shares with this node; a node
+    that serves many groups to one peer (an aggregator below another) or very large
+    chunks needs more.  Links this node dialled are not bounded: they carry what
+    this node itself chose to send."""
+    unfinished_bytes_per_connection: int = 2 * DEFAULT_MAX_MESSAGE_SIZE
+    """Bytes of frames received in part that one connection may hold (never below
+    ``max_message_size``: one frame must fit); past it the connection is closed
+    with RESOURCE_EXHAUSTED.  QUIC's credit slides as data arrives, so without it a
+    peer could leave a large frame unfinished on every stream it may open."""
+    unfinished_bytes: int = 64 * MiB
+    """The same bound for all the connections a server accepted together; the
+    connection that passes it is closed with RESOURCE_EXHAUSTED."""
+    frame_timeout: float = 30.0
+    """Seconds a frame received in part may go without a byte more before its
+    connection is closed with TIMEOUT."""
+    retry_threshold: int = 16
+    """Half-open connections (started, QUIC handshake not complete) past which a
+    server answers a client Initial without a token with a Retry (address
+    validation, RFC 9000 section 8.1) instead of starting a connection.  0: always."""
+    max_half_open: int = 256
+    """Half-open connections past which a server starts none, token or not."""
+    handshake_timeout: float = 5.0
+    """Seconds a server gives a connection to complete its QUIC handshake; one that
+    has not is dropped without a word (its Initial may have come from a forged
+    address).  The Hello exchange that follows has ``hello_timeout``."""
+    messages_per_turn: int = 64
+    """Messages of one connection handed to its listener (the node's machine) in one
+    turn of the event loop; the rest wait for the next turns, held by the receive
+    buffer's bound.  A flood on one connection is thus throttled on that connection,
+    and every other connection is heard between two of its batches."""
     versions: tuple[int, ...] = SUPPORTED_VERSIONS
     """Protocol versions offered (client) or accepted (server)."""
     close_on_decode_error: bool = True
@@ -93,10 +127,27 @@ class TransportConfig:
             )
         if not 1024 <= self.max_message_size <= (1 << 32) - 1:
             raise ValueError(f"max_message_size {self.max_message_size} is outside [1024, 2^32 - 1]")
-        for name in ("idle_timeout", "hello_timeout", "close_flush_timeout"):
+        for name in (
+            "idle_timeout",
+            "hello_timeout",
+            "close_flush_timeout",
+            "frame_timeout",
+            "handshake_timeout",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive")
-        for name in ("receive_window", "receive_buffer", "send_buffer"):
+        if self.retry_threshold < 0 or self.max_half_open < 1:
+            raise ValueError("retry_threshold must not be negative, max_half_open must be at least 1")
+        if self.messages_per_turn < 1:
+            raise ValueError("messages_per_turn must be at least 1")
+        for name in (
+            "receive_window",
+            "receive_buffer",
+            "send_buffer",
+            "send_queue_limit",
+            "unfinished_bytes_per_connection",
+            "unfinished_bytes",
+        ):
             if getattr(self, name) < 64 * 1024:
                 raise ValueError(f"{name} must be at least 64 KiB")
         if not self.versions or any(not 0 <= v < 1 << 32 for v in self.versions):

@@ -6,7 +6,10 @@ own (client certificates, bounded credit; either backend, see
 :mod:`cco.transport.backend`) on every connection.  It does what any QUIC server
 must: route datagrams by destination connection id, answer unknown versions with
 Version Negotiation (RFC 9000, section 6), and start a connection only for a
-client Initial in a datagram of at least 1200 bytes (section 14.1).
+client Initial in a datagram of at least 1200 bytes (section 14.1).  Past a number
+of half-open connections it validates clients' addresses with Retry before it
+starts one, caps them, and drops those whose handshake takes too long
+(:mod:`cco.transport.admission`).
 """
 
 from __future__ import annotations
@@ -15,17 +18,25 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import os
 import socket
 from collections.abc import Awaitable, Callable
 from typing import cast
 
 from aioquic.buffer import Buffer  # type: ignore[attr-defined]  # re-exported from _buffer
-from aioquic.quic.packet import QuicPacketType, encode_quic_version_negotiation, pull_quic_header
+from aioquic.quic.packet import (
+    QuicHeader,
+    QuicPacketType,
+    encode_quic_retry,
+    encode_quic_version_negotiation,
+    pull_quic_header,
+)
 
+from cco.transport.admission import RetryTokens
 from cco.transport.backend import ConnectionFactory, Diagnostics, connection_factory
 from cco.transport.config import MIN_DATAGRAM_SIZE, TransportConfig
 from cco.transport.handshake import LocalIdentity
-from cco.transport.link import LinkProtocol, PeerLink
+from cco.transport.link import LinkProtocol, PeerLink, UnfinishedFrames
 from cco.transport.udp import SegmentedDatagramProtocol, open_udp
 from cco.wire.errors import CcoError, ErrorCode
 
@@ -55,9 +66,16 @@ class Server(SegmentedDatagramProtocol):
         self._diagnostics = diagnostics
         self._transport: asyncio.DatagramTransport | None = None
         self._routes: dict[bytes, LinkProtocol] = {}
+        self._cids: dict[LinkProtocol, set[bytes]] = {}  # each connection's routes, to forget them
         self._protocols: set[LinkProtocol] = set()
+        self._half_open: set[LinkProtocol] = set()  # started, QUIC handshake not complete
+        self._tokens = RetryTokens()
+        self.refused_initials = 0  # Initials that started no connection (Retry sent, or dropped)
+        self._unfinished = UnfinishedFrames(config.unfinished_bytes)  # shared by every accepted link
         self._handlers: set[asyncio.Task[None]] = set()
         self._closing = False
+        self.on_connection_ended: Callable[[], None] = lambda: None
+        """Called whenever a connection has terminated and its memory is released."""
 
     @property
     def address(self) -> tuple[str, int]:
@@ -128,7 +146,10 @@ class Server(SegmentedDatagramProtocol):
         if protocol is None:
             if self._closing or header.packet_type != QuicPacketType.INITIAL or len(data) < MIN_DATAGRAM_SIZE:
                 return
-            protocol = self._accept(header.destination_cid)
+            protocol = self._admit(header, addr)
+            if protocol is None:
+                self.refused_initials += 1
+                return
         protocol.datagram_received(data, addr)
 
     def segments_received(self, data: bytes, segment_size: int, addr: tuple[str | object, ...]) -> None:
@@ -146,26 +167,78 @@ class Server(SegmentedDatagramProtocol):
             return
         super().segments_received(data, segment_size, addr)
 
-    def _accept(self, original_cid: bytes) -> LinkProtocol:
-        quic = self._factory.server(original_cid)
-        protocol = LinkProtocol(quic, config=self._config, local=self._local)
+    def _admit(self, header: QuicHeader, addr: tuple[str | object, ...]) -> LinkProtocol | None:
+        """The connection a client Initial starts, or None: a Retry went back instead
+        (many connections are half-open and this one brought no token), or it was
+        dropped (too many half-open, or a token that is not good)."""
+        config = self._config
+        if len(self._half_open) >= config.max_half_open:
+            return None
+        if header.token:
+            original_cid = self._tokens.check(header.token, addr, header.destination_cid)
+            if original_cid is None:
+                return None
+            return self._accept(original_cid, addr, retry_cid=header.destination_cid)
+        if len(self._half_open) >= config.retry_threshold:
+            assert self._transport is not None and header.version is not None
+            retry_cid = os.urandom(self._factory.connection_id_length)
+            retry = encode_quic_retry(
+                version=header.version,
+                source_cid=retry_cid,
+                destination_cid=header.source_cid,
+                original_destination_cid=header.destination_cid,
+                retry_token=self._tokens.issue(addr, header.destination_cid, retry_cid),
+            )
+            self._transport.sendto(retry, addr)
+            return None
+        return self._accept(header.destination_cid, addr)
+
+    def _accept(
+        self, original_cid: bytes, addr: tuple[str | object, ...], retry_cid: bytes | None = None
+    ) -> LinkProtocol:
+        """A new connection for a client Initial whose first destination connection id
+        was ``original_cid`` (``retry_cid``: the one a Retry gave it, which it now uses)."""
+        quic = self._factory.server(original_cid, retry_cid)
+        protocol = LinkProtocol(quic, config=self._config, local=self._local, unfinished=self._unfinished)
         protocol.connection_made(cast(asyncio.BaseTransport, self._transport))
-        routes = self._routes
-        protocol._connection_id_issued_handler = lambda cid: routes.__setitem__(cid, protocol)
+        protocol._connection_id_issued_handler = lambda cid: self._route(cid, protocol)
         protocol._connection_id_retired_handler = lambda cid: self._unroute(cid)
         protocol.add_termination_callback(lambda: self._forget(protocol))
         protocol.opened.add_done_callback(self._on_opened)
-        routes[original_cid] = routes[quic.host_cid] = protocol
+        self._cids[protocol] = set()
+        self._route(retry_cid or original_cid, protocol)
+        self._route(quic.host_cid, protocol)
         self._protocols.add(protocol)
+        self._half_open.add(protocol)
+        protocol.on_handshake = lambda: self._half_open.discard(protocol)
+        timeout = self._config.handshake_timeout
+        asyncio.get_running_loop().call_later(timeout, self._handshake_over, protocol, addr)
         return protocol
 
+    def _handshake_over(self, protocol: LinkProtocol, addr: tuple[str | object, ...]) -> None:
+        """Drop the connection if its handshake has not completed by now."""
+        if protocol in self._half_open:
+            logger.debug("dropping a connection from %s: no handshake within the timeout", addr)
+            protocol.abandon(
+                ErrorCode.TIMEOUT, f"limit handshake_timeout ({self._config.handshake_timeout:g} s) reached"
+            )
+
+    def _route(self, cid: bytes, protocol: LinkProtocol) -> None:
+        self._routes[cid] = protocol
+        self._cids[protocol].add(cid)
+
     def _unroute(self, cid: bytes) -> None:
-        self._routes.pop(cid, None)
+        protocol = self._routes.pop(cid, None)
+        if protocol is not None:
+            self._cids[protocol].discard(cid)
 
     def _forget(self, protocol: LinkProtocol) -> None:
         self._protocols.discard(protocol)
-        for cid in [cid for cid, p in self._routes.items() if p is protocol]:
-            del self._routes[cid]
+        self._half_open.discard(protocol)
+        for cid in self._cids.pop(protocol, ()):
+            if self._routes.get(cid) is protocol:
+                del self._routes[cid]
+        self.on_connection_ended()
 
     def _on_opened(self, opened: asyncio.Future[PeerLink]) -> None:
         if opened.cancelled() or opened.exception() is not None:

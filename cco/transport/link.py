@@ -147,14 +147,27 @@ class _Phase(enum.Enum):
 
 
 class _InboundStream:
-    """Receive state of one stream: its decoder and, for data streams, its group."""
+    """Receive state of one stream: its decoder, for data streams its group, and when
+    its unfinished frame last grew."""
 
-    __slots__ = ("decoder", "group_id", "is_control")
+    __slots__ = ("decoder", "group_id", "is_control", "progress")
 
     def __init__(self, max_message_size: int, is_control: bool) -> None:
         self.decoder = FrameDecoder(max_message_size)
         self.is_control = is_control
         self.group_id: bytes | None = None
+        self.progress = 0.0
+
+
+class UnfinishedFrames:
+    """Bytes of frames received in part, held by all the connections of one node
+    (a server shares one among the links it accepts), and the node's bound on them."""
+
+    __slots__ = ("bytes", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.bytes = 0
 
 
 _last_encoded: tuple[Message, bytes] | None = None
@@ -187,6 +200,7 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         *,
         config: TransportConfig,
         local: LocalIdentity,
+        unfinished: UnfinishedFrames | None = None,
     ) -> None:
         super().__init__(cast(QuicConnection, quic))  # aioquic's protocol uses only QuicLink methods
         self._cco = quic
@@ -199,6 +213,9 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         self._hello: Hello | None = None
         self._hello_timer: asyncio.TimerHandle | None = None
         self._inbound: dict[int, _InboundStream] = {}
+        self._unfinished = 0  # bytes of frames received in part on this connection
+        self._node_unfinished = unfinished or UnfinishedFrames(config.unfinished_bytes)
+        self._frame_timer: asyncio.TimerHandle | None = None
         self._outbound: dict[bytes, int] = {}
         self._send_limit = config.max_message_size
         self._queued_bytes = 0  # bytes ever handed to QUIC
@@ -207,6 +224,8 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         self._readable = asyncio.Event()
         self._listener: Listener | None = None
         self._close_heard = False  # the listener was told of the close
+        self._delivered = 0  # messages handed to the listener in this turn of the event loop
+        self._turn: asyncio.Handle | None = None  # starts the next turn's budget
         self._drainers: list[asyncio.Future[None]] = []
         self._transmit_handle: asyncio.Handle | None = None
         self._close_reason: tuple[ErrorCode, str] | None = None
@@ -214,6 +233,8 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         self._close_timer: asyncio.TimerHandle | None = None
         self._terminated = asyncio.Event()
         self._on_terminated: list[Callable[[], None]] = []
+        self.on_handshake: Callable[[], None] = lambda: None
+        """Called once the QUIC handshake has completed (a server counts half-open connections)."""
         self.opened: asyncio.Future[PeerLink] = self._loop.create_future()
         self.opened.add_done_callback(lambda f: f.cancelled() or f.exception())
 
@@ -303,6 +324,12 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         else:
             stream_id = CONTROL_STREAM_ID
         self._write(stream_id, *pieces)
+        if not self._is_client and self._unsent() > self._config.send_queue_limit:
+            self.fail(
+                ErrorCode.RESOURCE_EXHAUSTED,
+                f"limit send_queue_limit ({self._config.send_queue_limit}) reached: the peer does not read",
+                flush=False,
+            )
 
     def _write(self, stream_id: int, *pieces: bytes) -> None:
         """Queue ``pieces``, one after another, on the stream (a frame, or its prefix
@@ -371,13 +398,35 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
             self._loop.call_soon(self._hand_over)
 
     def _hand_over(self) -> None:
-        """Hand the listener what is queued, then the close if the link has closed."""
+        """Hand the listener what is queued, within this turn's budget (the rest on
+        the next turns), then the close once nothing is left."""
         assert self._listener is not None
-        while self._inbox:
+        while self._inbox and self._within_budget():
             self._listener.deliver(self._take())
-        if self._close_reason is not None and not self._close_heard:
+        if not self._inbox and self._close_reason is not None and not self._close_heard:
             self._close_heard = True
             self._listener.closed(*self._close_reason)
+
+    def _within_budget(self) -> bool:
+        """Count one more message handed to the listener in this turn of the event
+        loop; False when the turn's ``messages_per_turn`` are spent.
+
+        So one connection's flood costs its node at most that many messages' work
+        between two looks at every other connection's datagrams and timers: the rest
+        wait in the inbox, whose bound freezes the flooder's credit (:meth:`_enqueue`).
+        """
+        if self._delivered >= self._config.messages_per_turn:
+            return False
+        self._delivered += 1
+        if self._turn is None:
+            self._turn = self._loop.call_soon(self._next_turn)
+        return True
+
+    def _next_turn(self) -> None:
+        self._turn = None
+        self._delivered = 0
+        if self._listener is not None and (self._inbox or self._close_reason is not None):
+            self._hand_over()
 
     def _thaw(self) -> None:
         """After unfreezing: take the events a backend held back (qh3 does), send the credit."""
@@ -386,7 +435,7 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         self._schedule_transmit()
 
     def _enqueue(self, item: Message | CcoError, size: int) -> None:
-        if self._listener is not None and not self._inbox:
+        if self._listener is not None and not self._inbox and self._within_budget():
             self._listener.deliver(item)
             return
         self._inbox.append((item, size))
@@ -395,7 +444,7 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
             self._cco.credit.frozen = True
         self._readable.set()
 
-    def fail(self, code: ErrorCode, detail: str) -> None:
+    def fail(self, code: ErrorCode, detail: str, *, flush: bool = True) -> None:
         """Close the link with ``code``, sent to the peer as the application error code.
 
         The link counts as closed at once (``send`` and ``receive`` raise), but the
@@ -403,13 +452,14 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         acknowledged, for at most ``close_flush_timeout`` seconds: a closing QUIC
         connection sends nothing else, so closing at once would silently drop
         messages queued just before, such as the ``Error`` refusing a Hello.
+        Without ``flush`` (a peer that does not read) it closes at once.
         """
         if self._close_reason is not None:
             return
         handshake_done = self._phase is not _Phase.HANDSHAKE
         self._mark_closed(code, detail)
         self._pending_close = (int(code), _truncate(detail, _MAX_REASON))
-        if handshake_done:
+        if handshake_done and flush:
             self._close_timer = self._loop.call_later(self._config.close_flush_timeout, self._close_quic)
             self._schedule_transmit()
         else:
@@ -432,6 +482,27 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
     def terminated(self) -> bool:
         return self._terminated.is_set()
 
+    def abandon(self, code: ErrorCode, detail: str) -> None:
+        """Drop a connection whose handshake never completed, sending nothing: its
+        Initial may have come from a forged address, and there is nobody to tell.
+        It terminates at once, so that what it held goes now."""
+        if self._terminated.is_set():
+            return
+        self._mark_closed(code, detail)
+        self._pending_close = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._transmit_handle is not None:
+            self._transmit_handle.cancel()
+            self._transmit_handle = None
+        if self._close_timer is not None:
+            self._close_timer.cancel()
+            self._close_timer = None
+        self._terminated.set()
+        for callback in self._on_terminated:
+            callback()
+
     async def wait_terminated(self) -> tuple[ErrorCode, str]:
         await self._terminated.wait()
         assert self._close_reason is not None
@@ -442,6 +513,7 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
             return
         self._close_reason = (code, detail)
         self._phase = _Phase.CLOSED
+        self._release_unfinished()
         if self._hello_timer is not None:
             self._hello_timer.cancel()
         if not self.opened.done():
@@ -499,6 +571,7 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
             self.fail(ErrorCode.PROTOCOL_VIOLATION, f"stream {event.stream_id} was reset or stopped")
 
     def _on_handshake_completed(self, event: events.HandshakeCompleted) -> None:
+        self.on_handshake()
         if event.alpn_protocol != ALPN:
             self.fail(ErrorCode.UNSUPPORTED_VERSION, f"ALPN {event.alpn_protocol!r} is not {ALPN!r}")
             return
@@ -520,11 +593,17 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
             stream = self._accept_stream(stream_id)
             if stream is None:
                 return
+        decoder = stream.decoder
+        held = decoder.buffered
         try:
-            frames = stream.decoder.feed(data)
+            frames = decoder.feed(data)
         except DecodeError as exc:
             self.fail(exc.code, f"stream {stream_id}: {exc.detail}")
             return
+        if held or decoder.buffered:
+            self._account_unfinished(stream, decoder.buffered - held)
+            if self._close_reason is not None:
+                return
         for frame in frames:
             if not self._on_frame(stream, frame):
                 return
@@ -535,6 +614,62 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
                 self.fail(ErrorCode.PROTOCOL_VIOLATION, "the control stream was finished")
             else:
                 del self._inbound[stream_id]
+
+    def _account_unfinished(self, stream: _InboundStream, grown: int) -> None:
+        """Count what a stream's unfinished frame grew (or shrank) by; fail the
+        connection past its own or the node's bound on unfinished frames."""
+        self._unfinished += grown
+        node = self._node_unfinished
+        node.bytes += grown
+        if stream.decoder.buffered:
+            stream.progress = time.monotonic()
+            if self._frame_timer is None:
+                self._frame_timer = self._loop.call_later(self._config.frame_timeout, self._check_frames)
+        per_connection = max(self._config.unfinished_bytes_per_connection, self._config.max_message_size)
+        if self._unfinished > per_connection:
+            self.fail(
+                ErrorCode.RESOURCE_EXHAUSTED,
+                f"limit unfinished_bytes_per_connection ({per_connection}) reached: frames received in part",
+            )
+        elif node.bytes > node.limit:
+            self.fail(
+                ErrorCode.RESOURCE_EXHAUSTED,
+                f"limit unfinished_bytes ({node.limit}) reached: frames received in part by all connections",
+            )
+
+    def _check_frames(self) -> None:
+        """Fail the connection if a frame made no progress for ``frame_timeout`` seconds;
+        otherwise look again when the stalest one would."""
+        self._frame_timer = None
+        if self._close_reason is not None:
+            return
+        timeout = self._config.frame_timeout
+        waiting = [
+            (stream.progress, stream_id)
+            for stream_id, stream in self._inbound.items()
+            if stream.decoder.buffered
+        ]
+        if not waiting:
+            return
+        progress, stream_id = min(waiting)
+        idle = time.monotonic() - progress
+        if idle >= timeout:
+            self.fail(
+                ErrorCode.TIMEOUT,
+                f"limit frame_timeout ({timeout:g} s) reached: the frame on stream {stream_id} stalled",
+            )
+        else:
+            self._frame_timer = self._loop.call_later(timeout - idle, self._check_frames)
+
+    def _release_unfinished(self) -> None:
+        """The connection is closed: its unfinished frames are dropped, not kept until
+        the connection object goes."""
+        self._node_unfinished.bytes -= self._unfinished
+        self._unfinished = 0
+        self._inbound.clear()
+        if self._frame_timer is not None:
+            self._frame_timer.cancel()
+            self._frame_timer = None
 
     def _accept_stream(self, stream_id: int) -> _InboundStream | None:
         """Receive state for a stream the peer started using, or None after failing.

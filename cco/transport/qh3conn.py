@@ -178,9 +178,12 @@ class _Native(QuicConnection):
         cafile: str,
         expected_node_id: str | None,
         original_destination_connection_id: bytes | None,
+        retry_source_connection_id: bytes | None = None,
     ) -> None:
         super().__init__(
-            configuration=configuration, original_destination_connection_id=original_destination_connection_id
+            configuration=configuration,
+            original_destination_connection_id=original_destination_connection_id,
+            retry_source_connection_id=retry_source_connection_id,
         )
         self._credentials = credentials
         self._cafile = cafile
@@ -303,6 +306,7 @@ class Qh3Connection:
         cafile: str,
         expected_node_id: str | None = None,
         original_destination_connection_id: bytes | None = None,
+        retry_source_connection_id: bytes | None = None,
     ) -> None:
         self._native = _Native(
             configuration=configuration,
@@ -310,6 +314,7 @@ class Qh3Connection:
             cafile=cafile,
             expected_node_id=expected_node_id,
             original_destination_connection_id=original_destination_connection_id,
+            retry_source_connection_id=retry_source_connection_id,
         )
         self.credit = HeldCredit(self._native)
         self._queued = 0  # stream bytes handed to send_stream_data

@@ -264,6 +264,23 @@ def test_join_rejected_by_the_rendezvous_fails_at_once_with_its_code(pki: Path) 
     run(scenario)
 
 
+def test_a_group_no_aggregator_can_serve_fails_to_join_with_no_aggregator(pki: Path) -> None:
+    """The rendezvous tells a formed group without capacity NO_AGGREGATOR at once; a
+    join() still waiting for its tree then fails with that code and its reason, not
+    with a bare timeout."""
+
+    async def scenario() -> None:
+        async with Cluster(pki) as cluster:
+            await cluster.services.pop().close()  # the only aggregator goes
+            await _until(lambda: not cluster.services[0].machine.status().aggregators)  # type: ignore[attr-defined]
+            with pytest.raises(CcoError) as info:
+                await Communicator.join(cluster.spec(1), "c-0", cluster.transport("c-0"), timeout=2)
+            assert info.value.code is ErrorCode.NO_AGGREGATOR
+            assert "no aggregator can serve the group" in str(info.value)
+
+    run(scenario)
+
+
 def test_a_members_small_max_message_size_lowers_the_groups_chunk_size(pki: Path) -> None:
     """Capabilities travel from Hello to the rendezvous: a member that accepts only
     4 KiB messages gets chunks that fit, and the collective still completes exactly."""

@@ -66,15 +66,34 @@ def test_complete_group_gets_a_tree_aggregators_first_and_no_keys_for_aggregator
     h.check_state()
 
 
-def test_waiting_group_gets_its_tree_in_the_same_epoch_when_an_aggregator_arrives() -> None:
+def test_a_group_without_capacity_hears_no_aggregator_then_its_tree_in_that_epoch() -> None:
     h = Harness()
-    for i in range(4):
+    for i in range(3):
         h.endpoint(f"e{i}")
+    cmds = h.endpoint("e3")
     assert h.group().state is GroupState.WAITING
+    for rank in range(4):
+        change = only(cmds, f"e{rank}", EpochChange)
+        assert isinstance(change, EpochChange) and change.code is ErrorCode.NO_AGGREGATOR
+        assert change.epoch == 2 and ranks_from_bitmap(change.members) == {0, 1, 2, 3}
     cmds = h.aggregator("agg")
     assert not any(isinstance(c.message, EpochChange) for c in cmds if isinstance(c, SendMessage))
     assignment = only(cmds, "e2", TreeAssignment)
-    assert isinstance(assignment, TreeAssignment) and assignment.epoch == 1
+    assert isinstance(assignment, TreeAssignment) and assignment.epoch == 2
+    h.check_state()
+
+
+def test_a_waiting_group_that_changes_is_told_no_aggregator_again_after_the_change() -> None:
+    h = Harness()
+    for i in range(4):
+        h.endpoint(f"e{i}")
+    cmds = h.send("e3", Leave(group_id=GID, rank=3, code=ErrorCode.NO_ERROR))
+    changes = [m for m in sent_to(cmds, "e0") if isinstance(m, EpochChange)]
+    assert [(c.epoch, c.code) for c in changes] == [(3, ErrorCode.NO_ERROR), (4, ErrorCode.NO_AGGREGATOR)]
+    assert h.group().state is GroupState.WAITING
+    cmds = h.aggregator("small", capacity=1, fan_in=2)  # cannot hold three ranks: still waiting
+    assert h.group().state is GroupState.WAITING
+    assert not any(isinstance(m, EpochChange) for m in sent_to(cmds, "e0"))
     h.check_state()
 
 
