@@ -103,7 +103,8 @@ class TransportConfig:
             raise ValueError(f"versions {self.versions} must be a non-empty list of 32-bit values")
 
     @classmethod
-    def for_node(cls, pki_dir: Path, node_id: str, **overrides: Any) -> TransportConfig:
+    def for_node(cls, pki_dir: str | Path, node_id: str, **overrides: Any) -> TransportConfig:
         """The configuration of ``node_id`` in a directory written by ``create_dev_pki``."""
+        pki_dir = Path(pki_dir)
         cert_file, key_file = node_paths(pki_dir, node_id)
         return cls(ca_file=pki_dir / CA_CERT_FILE, cert_file=cert_file, key_file=key_file, **overrides)
