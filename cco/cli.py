@@ -3,6 +3,7 @@
     cco-node --role rendezvous|aggregator|endpoint [options]   run one node
     cco-node certs --dir DIR NODE_ID:ROLE ...                   development CA and node certs
     cco-node demo [options]                                     a local cluster doing verified all-reduces
+    cco-node standalone [options] [-- COMMAND ...]              a one-machine job's services (cco.standalone)
 
 Options come from flags, CCO_* environment variables and a TOML file (--config); see
 ``cco-node --help``.  Errors are printed as one line naming the problem, with exit
@@ -19,7 +20,7 @@ from pathlib import Path
 from cco.wire.errors import CcoError
 from cco.wire.registries import Role
 
-SUBCOMMANDS = ("certs", "demo")
+SUBCOMMANDS = ("certs", "demo", "standalone")
 
 
 class UsageError(Exception):
@@ -34,7 +35,8 @@ def node_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cco-node",
         description="Run a CCO node (rendezvous, aggregator or endpoint) over QUIC.",
-        epilog="Other commands: `cco-node certs --help`, `cco-node demo --help`. "
+        epilog="Other commands: `cco-node certs --help`, `cco-node demo --help`, "
+        "`cco-node standalone --help`. "
         "Precedence: flags > CCO_* environment > --config TOML file > defaults.",
     )
     add_arguments(parser)
@@ -103,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
             from cco.demo import demo_main
 
             return demo_main(argv[1:])
+        if argv and argv[0] == "standalone":
+            from cco.standalone import standalone_main
+
+            return standalone_main(argv[1:])
         single_threaded_numerics()
         from cco.config import resolve
         from cco.services.roles import run_role
