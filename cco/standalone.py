@@ -18,10 +18,13 @@ does); ``CCO_RENDEZVOUS`` and ``CCO_PKI_DIR`` are set as well, for library code
 a loopback address send 16000-byte datagrams, as loopback allows and a real link does
 not; their logs are ``DIR/rendezvous.log`` and ``DIR/agg-<i>.log``.
 
-The collective timeout is torch's default process-group timeout (30 minutes) rather
-than a node's 30 s: it bounds how long one rank may go without calling the collective
-the others are in (an evaluation pass on rank 0, a checkpoint), while a rank that dies
-is still named within seconds by its heartbeats.
+Two group settings differ from a node's defaults, for training processes: the
+collective timeout is torch's default process-group timeout (30 minutes) rather than
+30 s, since it bounds how long one rank may go without calling the collective the
+others are in (an evaluation pass on rank 0, a checkpoint); and heartbeats go every 5 s,
+a member being lost after three missed, as torchelastic's rendezvous keeps its nodes:
+a process that starts torch, or trains beside other jobs on busy cores, can stall its
+CCO thread for longer than three of a node's default 1 s intervals.
 
 Several machines (see ``docs`` in the README): run this on the machine the others
 reach, with ``--listen`` on its address, issue the certificates every rank needs
@@ -59,6 +62,9 @@ link takes the nodes' own default, which fits a 1500-byte MTU."""
 TORCH_DEFAULT_TIMEOUT_MS = 30 * 60 * 1000
 """torch.distributed's default process-group timeout, for the group's collectives."""
 
+HEARTBEAT_MS = 5000
+"""torchelastic's keep-alive interval (a node is dead after three missed)."""
+
 CONFIG_FILE = "cco.toml"
 
 
@@ -74,7 +80,7 @@ class StandaloneSpec:
     aggregators: int = 1
     max_fan_in: int = 64
     operation_timeout_ms: int = TORCH_DEFAULT_TIMEOUT_MS
-    heartbeat_ms: int | None = None
+    heartbeat_ms: int = HEARTBEAT_MS
     node_args: tuple[str, ...] = field(default=())
     """More ``cco-node`` flags for every service (``--quic-backend aioquic``, ...)."""
 
@@ -133,8 +139,7 @@ class Standalone:
             ":memory:",
         ]
         args += ["--operation-timeout-ms", str(spec.operation_timeout_ms)]
-        if spec.heartbeat_ms is not None:
-            args += ["--heartbeat-ms", str(spec.heartbeat_ms)]
+        args += ["--heartbeat-ms", str(spec.heartbeat_ms)]
         try:
             self._spawn("rendezvous", [*args, *common])
             self._wait_for("rendezvous", "listening", timeout)
@@ -272,7 +277,12 @@ def parser() -> argparse.ArgumentParser:
         default=TORCH_DEFAULT_TIMEOUT_MS,
         help="how long a collective may wait for its ranks (default: 30 minutes, torch's)",
     )
-    parser.add_argument("--heartbeat-ms", type=int, help="heartbeat interval (default: the rendezvous's)")
+    parser.add_argument(
+        "--heartbeat-ms",
+        type=int,
+        default=HEARTBEAT_MS,
+        help="heartbeat interval; a member is lost after three missed (default 5000, torchelastic's)",
+    )
     parser.add_argument(
         "command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...] to run with CCO_CONFIG set"
     )

@@ -33,7 +33,8 @@ step everywhere and lowers its scale; ``"report"`` raises
 :class:`~cco.client.NonFiniteError` on every rank instead, naming the ranks.
 """
 
-from __future__ import annotations
+# No ``from __future__ import annotations`` here: DDP's register_comm_hook compares the
+# hook's annotations with dist.GradBucket and Future[Tensor] themselves, not their text.
 
 from dataclasses import dataclass
 
