@@ -22,13 +22,12 @@ only its own ranks can join.  ``CCO_GROUP_ID`` and ``CCO_CREDENTIAL`` fix them i
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from cco.client import NONFINITE_MODES, NonFinite
 from cco.config import resolve
@@ -39,6 +38,7 @@ from cco.wire.registries import Role
 
 WIDTHS = (8, 16, 32, 64)
 NONFINITE_ENV = "CCO_NONFINITE"
+NONFINITE_CHOICES = (*NONFINITE_MODES, "raise")
 DEFAULT_NODE_ID = "ep-{rank}"
 
 
@@ -57,11 +57,11 @@ class Options:
     width: int | None = None
     """Bits per element on the wire of float SUM and AVG (8, 16, 32, 64; ``CCO_WIDTH``;
     default: the dtype's own).  The DDP hook (:mod:`cco.torch.hooks`) chooses its own."""
-    nonfinite: NonFinite | None = "propagate"
+    nonfinite: NonFinite | Literal["raise"] | None = None
     """What float reductions do with inf and NaN (:data:`cco.client.NonFinite`;
-    ``CCO_NONFINITE``): by default the result is NaN on every rank, as Gloo's sum of
-    them would be and as GradScaler expects; None fails the call on the rank that had
-    them."""
+    ``CCO_NONFINITE``; default ``"propagate"``): the result is NaN on every rank when
+    any rank's input held inf or NaN, as GradScaler expects of a step that overflowed;
+    ``"raise"`` fails the call on the rank that had one (a value it cannot send)."""
     busy_poll_us: int | None = None
     """How long the session polls for datagrams before it sleeps (default 0: the
     training process keeps its cores)."""
@@ -73,8 +73,8 @@ class Options:
     def __post_init__(self) -> None:
         if self.width is not None and self.width not in WIDTHS:
             raise ValueError(f"width {self.width} is not one of {WIDTHS}")
-        if self.nonfinite is not None and self.nonfinite not in NONFINITE_MODES:
-            raise ValueError(f"nonfinite {self.nonfinite!r} is not one of {NONFINITE_MODES} or None")
+        if self.nonfinite is not None and self.nonfinite not in NONFINITE_CHOICES:
+            raise ValueError(f"nonfinite {self.nonfinite!r} is not one of {NONFINITE_CHOICES}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,10 +105,14 @@ def settings(
     """Resolve ``options`` over the environment for one process group of this rank."""
     environ = dict(os.environ) if environ is None else environ
     options = options if options is not None else Options()
-    if NONFINITE_ENV in environ and options.nonfinite == "propagate":
-        mode = environ[NONFINITE_ENV].strip().lower()
-        nonfinite = None if mode in ("", "none", "raise") else mode
-        options = dataclasses.replace(options, nonfinite=nonfinite)  # type: ignore[arg-type]
+    choice = options.nonfinite or environ.get(NONFINITE_ENV, "").strip().lower() or "propagate"
+    if choice not in NONFINITE_CHOICES:
+        raise CcoError(
+            ErrorCode.INVALID_FIELD, f"{NONFINITE_ENV} {choice!r} is not one of {NONFINITE_CHOICES}"
+        )
+    nonfinite: NonFinite | None = (
+        "propagate" if choice == "propagate" else "report" if choice == "report" else None
+    )
     node = resolve(argparse.Namespace(role="endpoint", config=None), environ)
     template = options.node_id or node.node_id or DEFAULT_NODE_ID
     node_id = template.format(rank=global_rank, local_rank=environ.get("LOCAL_RANK", global_rank))
@@ -133,7 +137,7 @@ def settings(
         transport=transport,
         labels=tuple(node.labels),
         width=width,
-        nonfinite=options.nonfinite,
+        nonfinite=nonfinite,
         busy_poll_us=options.busy_poll_us if options.busy_poll_us is not None else 0,
         join_timeout=options.join_timeout,
         group_id=group_id,

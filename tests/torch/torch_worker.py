@@ -538,6 +538,10 @@ def phase_init(checks: Checks, args: argparse.Namespace) -> None:
     width = getattr(group, "width", None)
     checks.add("pg_options reached the group", args.width is None or width == args.width, str(width))
     checks.add("node id follows the rank", group.communicator.rank == rank, "")  # type: ignore[union-attr]
+    sub = dist.new_group(backend="cco")  # a session, and a certificate, of its own
+    value = torch.tensor([rank], dtype=torch.int64)
+    dist.all_reduce(value, group=sub)
+    checks.add("a new_group over cco", value.item() == world * (world - 1) // 2, str(value.item()))
 
 
 PHASES = {"ops": phase_ops, "ddp": phase_ddp, "fsdp": phase_fsdp, "init": phase_init}
