@@ -10,7 +10,7 @@ Phases (each a few checks, reported as JSON ``{"checks": [{"name", "ok", "detail
   hook at widths 32, 16 and 8: parameters identical on every rank and within the
   documented bound of Gloo's run; a GradScaler step skipped on every rank when one
   rank's gradient overflows;
-* ``fsdp``: a fully_shard model trains a few steps on CPU;
+* ``fsdp``: a fully_shard model trains a few steps on CPU (``train``: both);
 * ``init``: init_process_group("cco") with the init method given.
 """
 
@@ -544,7 +544,13 @@ def phase_init(checks: Checks, args: argparse.Namespace) -> None:
     checks.add("a new_group over cco", value.item() == world * (world - 1) // 2, str(value.item()))
 
 
-PHASES = {"ops": phase_ops, "ddp": phase_ddp, "fsdp": phase_fsdp, "init": phase_init}
+def phase_train(checks: Checks, args: argparse.Namespace) -> None:
+    """DDP, then FSDP2: one start of the ranks for both."""
+    phase_ddp(checks, args)
+    phase_fsdp(checks, args)
+
+
+PHASES = {"ops": phase_ops, "ddp": phase_ddp, "fsdp": phase_fsdp, "train": phase_train, "init": phase_init}
 
 
 def main() -> int:
