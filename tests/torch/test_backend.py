@@ -35,7 +35,7 @@ def test_every_collective_matches_gloo_on_four_ranks(job: Job, tmp_path: Path) -
         "all_reduce AVG at width 8 (the hook's)",
         "reduce_scatter (tensor) SUM torch.float16",
         "all_gather torch.bool",
-        "coalesced all_reduce, all_gather and reduce_scatter",
+        "coalesced and older forms of all_reduce, all_gather and reduce_scatter",
         "async_op=True: Work, future and barrier",
         "SUM with inf on one rank: NaN on every rank",
         "all_to_all refused",

@@ -301,9 +301,20 @@ def phase_ops(checks: Checks, args: argparse.Namespace) -> None:
         part = slice(rank * (300 // world), (rank + 1) * (300 // world))
         ok_s = bool((scattered[0] - torch.stack(rows_a).sum(0)[part]).abs().max() < 1e-3)
         ok_s = ok_s and torch.equal(scattered[1], torch.stack(rows_b).sum(0))
-        return ok_a and ok_b and ok_g and ok_s, f"{detail}; gathers {ok_g}, scatters {ok_s}"
+        lists = [[torch.empty_like(a) for _ in range(world)], [torch.empty_like(b) for _ in range(world)]]
+        dist.all_gather_coalesced(lists, [a, b])
+        ok_l = all(torch.equal(x, y) for x, y in zip([*lists[0], *lists[1]], [*rows_a, *rows_b], strict=True))
+        based = torch.empty(world * 50, dtype=torch.int64)
+        dist._all_gather_base(based, b)  # the older names, which some callers still use
+        base_scattered = torch.empty(50, dtype=torch.int64)
+        dist._reduce_scatter_base(base_scattered, torch.cat([b] * world))
+        ok_base = torch.equal(based, torch.cat(rows_b)) and torch.equal(
+            base_scattered, torch.stack(rows_b).sum(0)
+        )
+        ok = ok_a and ok_b and ok_g and ok_s and ok_l and ok_base
+        return ok, f"{detail}; gathers {ok_g}, scatters {ok_s}, lists {ok_l}, older names {ok_base}"
 
-    checks.run("coalesced all_reduce, all_gather and reduce_scatter", coalesced)
+    checks.run("coalesced and older forms of all_reduce, all_gather and reduce_scatter", coalesced)
 
     def functional() -> tuple[bool, str]:
         mine = values(torch.int32, 40, rank)
