@@ -301,9 +301,10 @@ def phase_ops(checks: Checks, args: argparse.Namespace) -> None:
         part = slice(rank * (300 // world), (rank + 1) * (300 // world))
         ok_s = bool((scattered[0] - torch.stack(rows_a).sum(0)[part]).abs().max() < 1e-3)
         ok_s = ok_s and torch.equal(scattered[1], torch.stack(rows_b).sum(0))
-        lists = [[torch.empty_like(a) for _ in range(world)], [torch.empty_like(b) for _ in range(world)]]
-        dist.all_gather_coalesced(lists, [a, b])
-        ok_l = all(torch.equal(x, y) for x, y in zip([*lists[0], *lists[1]], [*rows_a, *rows_b], strict=True))
+        lists = [[torch.empty_like(a) for _ in range(world)], [torch.empty(100) for _ in range(world)]]
+        dist.all_gather_coalesced(lists, [a, a[:100]])  # one dtype, as torch asks
+        pairs = zip([*lists[0], *lists[1]], [*rows_a, *heads], strict=True)
+        ok_l = all(torch.equal(x, y) for x, y in pairs)
         based = torch.empty(world * 50, dtype=torch.int64)
         dist._all_gather_base(based, b)  # the older names, which some callers still use
         base_scattered = torch.empty(50, dtype=torch.int64)
