@@ -103,19 +103,20 @@ def log(text: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Net:
-    """A star (rate, MTU) or loopback (star is None); shared by CCO and Gloo."""
+    """A star (rate or unshaped, MTU, GRO) or loopback (star is None); shared by CCO and Gloo."""
 
     endpoints: int
     star: netns.Star | None
     rate_mbit: float | None
     mtu: int | None
+    gro: bool | None = None
 
     @property
     def datagram(self) -> int:
         return LOOPBACK_DATAGRAM if self.mtu is None else netns.quic_datagram_size(self.mtu)
 
     def bound(self, nbytes: int, ring: bool) -> float | None:
-        """S/R, or 2(N-1)/N x S/R for a ring; None on loopback."""
+        """S/R, or 2(N-1)/N x S/R for a ring; None on loopback and unshaped links."""
         if self.rate_mbit is None:
             return None
         seconds = nbytes * 8 / (self.rate_mbit * 1e6)
@@ -124,19 +125,33 @@ class Net:
     def describe(self) -> str:
         if self.star is None:
             return f"loopback, N = {self.endpoints}"
-        return f"star, N = {self.endpoints}, {self.rate_mbit:g} Mbit/s, MTU {self.mtu}"
+        rate = "unshaped" if self.rate_mbit is None else f"{self.rate_mbit:g} Mbit/s"
+        gro = "" if self.gro is None else f", GRO {'on' if self.gro else 'off'}"
+        return f"star, N = {self.endpoints}, {rate}, MTU {self.mtu}{gro}"
+
+
+LOOPBACK = object()
+"""``network``'s rate for loopback (no star); a rate of None is an unshaped star."""
 
 
 @contextlib.contextmanager
 def network(
-    endpoints: int, rate_mbit: float | None, mtu: int | None, queue_ms: float = 100.0
+    endpoints: int,
+    rate_mbit: float | object | None,
+    mtu: int | None,
+    queue_ms: float = 100.0,
+    gro: bool | None = None,
 ) -> Iterator[Net]:
-    if rate_mbit is None or mtu is None:
+    """A star of ``endpoints`` links at ``rate_mbit`` (None: unshaped), or loopback
+    (``rate_mbit`` is :data:`LOOPBACK` or ``mtu`` None)."""
+    if rate_mbit is LOOPBACK or mtu is None:
         yield Net(endpoints, None, None, None)
         return
-    spec = netns.StarSpec(endpoints=endpoints, rate_mbit=rate_mbit, mtu=mtu, queue_ms=queue_ms)
+    assert rate_mbit is None or isinstance(rate_mbit, float | int)
+    rate = None if rate_mbit is None else float(rate_mbit)
+    spec = netns.StarSpec(endpoints=endpoints, rate_mbit=rate, mtu=mtu, queue_ms=queue_ms, gro=gro)
     with netns.Star(spec) as star:
-        yield Net(endpoints, star, rate_mbit, mtu)
+        yield Net(endpoints, star, rate, mtu, gro)
 
 
 def run_timeout(net: Net, nbytes: int, rounds: int) -> float:
@@ -205,6 +220,7 @@ def cco_runs(
                 "endpoint_cpu_seconds": run.cpu_seconds,
                 "wall_seconds": run.wall_seconds,
             }
+            entry.update(datapath_cpu(run, warmup, size, net.endpoints))
             if net.star is not None:
                 after = net.star.link_stats()
                 for way in ("up", "down"):
@@ -215,6 +231,27 @@ def cco_runs(
             results[size] = entry
         usage = cluster.close()
     return results, usage
+
+
+def datapath_cpu(run: netns.EndpointRun, warmup: int, size: int, endpoints: int) -> dict[str, Any]:
+    """The CPU of the timed rounds (after ``warmup``), and the bytes each node moved
+    per CPU second in them: the aggregator its N x S in plus N x S out per round,
+    an endpoint its S up plus S down (the mean of the endpoints).  Empty where the
+    CPU trace does not cover the rounds."""
+    cpu = run.rounds_cpu(warmup)
+    rounds = len(run.reports[0]["rounds"]) - warmup
+    if cpu is None or rounds <= 0:
+        return {}
+    aggregator, per_endpoint = cpu
+    mean_endpoint = sum(per_endpoint) / len(per_endpoint)
+    return {
+        "rounds_cpu_aggregator": aggregator,
+        "rounds_cpu_endpoints": per_endpoint,
+        "aggregator_mb_per_cpu_second": 2 * endpoints * size * rounds / 1e6 / aggregator
+        if aggregator
+        else None,
+        "endpoint_mb_per_cpu_second": 2 * size * rounds / 1e6 / mean_endpoint if mean_endpoint else None,
+    }
 
 
 # --- Gloo --------------------------------------------------------------------------------------
@@ -486,7 +523,7 @@ def sweep(args: argparse.Namespace) -> dict[str, Any]:
     for endpoints in args.endpoints:
         rate, mtu = (None, None) if args.loopback else (args.rate_mbit, args.mtu)
         tmp = mkdir(args.logs / f"n{endpoints}")
-        with network(endpoints, rate, mtu, args.queue_ms) as net:
+        with network(endpoints, rate, mtu, args.queue_ms, args.gro) as net:
             settings = netns.CcoSettings(
                 max_datagram_size=net.datagram,
                 operation_timeout_ms=OPERATION_TIMEOUT_MS,
@@ -494,10 +531,12 @@ def sweep(args: argparse.Namespace) -> dict[str, Any]:
                 wan_delay_ms=args.wan_delay_ms,
                 wan_loss=args.wan_loss,
                 quic_backend=args.quic_backend,
+                nodes_from=args.nodes_from,
+                busy_poll_us=args.busy_poll_us,
             )
             cco, usage = cco_runs(net, args.sizes, args.repeats, Path(tmp) / "cco", settings)
             gloo = {}
-            if have_torch and not settings.wan:
+            if have_torch and not settings.wan and not args.no_gloo:
                 gloo = gloo_runs(net, args.sizes, args.repeats, mkdir(Path(tmp) / "gloo"))
         runs.append({"network": net.describe(), "cco": cco, "gloo": gloo, "aggregator": usage})
         points += points_of(net, cco, gloo)
@@ -506,8 +545,17 @@ def sweep(args: argparse.Namespace) -> dict[str, Any]:
             row += [fmt_result(gloo.get(size)) if gloo else "not measured"]
             bound = net.bound(size, ring=False)
             row += [f"S/R {bound:.3g} s" if bound else ""]
+            row += [cpu_figures(cco.get(size, {}))]
             print("  ".join(row), flush=True)
     return {"runs": runs, "points": points}
+
+
+def cpu_figures(entry: dict[str, Any]) -> str:
+    """The warm rounds' MB per CPU second of the aggregator and an endpoint, if measured."""
+    if not entry.get("aggregator_mb_per_cpu_second"):
+        return ""
+    aggregator, endpoint = entry["aggregator_mb_per_cpu_second"], entry["endpoint_mb_per_cpu_second"]
+    return f"MB per CPU s: aggregator {aggregator:.0f} (in+out), endpoint {endpoint:.0f} (up+down)"
 
 
 def fmt_result(entry: dict[str, Any] | None) -> str:
@@ -836,6 +884,9 @@ def quick(args: argparse.Namespace) -> dict[str, Any]:
     ok = "failed" not in entry
     figure = f"completed in {entry['median_seconds']:.1f} s" if ok else "failed: " + entry["failed"][:200]
     targets.append(Target("defaults: 64 MiB, N=4, 40 Mbit/s, MTU 1500, no tuning", "completes", figure, ok))
+    fast_targets, fast_runs = fast_links(run_cco, have_torch, rounds, tmp, bare)
+    targets += fast_targets
+    runs += fast_runs
     elapsed = time.monotonic() - started
     print()
     print(f"{'figure':56} {'target':22} {'verdict':7} measured")
@@ -872,6 +923,179 @@ def quick(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+# --- fast links (issue 40) ----------------------------------------------------------------------
+
+FAST_SIZE = 64 * MiB
+CROSSOVER_RATES = (100.0, 200.0, 400.0, 1000.0)
+"""Per-link rates --quick tries, in order, for the highest at which CCO takes at most
+Gloo's time (N = 4, 64 MiB, MTU 9000); the ladder stops at the first rate CCO loses."""
+
+
+def bare_mb_per_cpu_second(run: barequic.StreamRun) -> float:
+    """The bare QUIC stream's MB per CPU second, each byte counted out (at the sender)
+    and in (at the receiver) over the CPU of both: the yardstick of a node's in+out."""
+    return 2 * run.nbytes / (run.sender_cpu + run.receiver_cpu) / 1e6
+
+
+def cpu_target(name: str, entry: dict[str, Any], key: str, limit: float, bare: float) -> Target:
+    value = entry.get(key)
+    if not value:
+        return Target(name, f">= {limit:.0f}", "not measured (the run failed or was too short)", None)
+    figure = f"{value:.0f} (bare QUIC stream, loopback, same run: {bare:.0f}; warm rounds' CPU)"
+    return Target(name, f">= {limit:.0f}", figure, value >= limit)
+
+
+def fast_links(
+    run_cco: Any, have_torch: bool, rounds: int, tmp: Path, bare: barequic.StreamRun
+) -> tuple[list[Target], list[dict[str, Any]]]:
+    """CCO against Gloo on fast links: unshaped with veth GRO off and on (the ratio,
+    and each node's MB per CPU second beside the bare stack's), and the crossover
+    ladder (:data:`CROSSOVER_RATES`, veth GRO at the kernel's default, off)."""
+    targets: list[Target] = []
+    runs: list[dict[str, Any]] = []
+    yardstick = bare_mb_per_cpu_second(bare)
+
+    def case(
+        rate: float | None, gro: bool | None, label: str
+    ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        with network(4, rate, 9000, gro=gro) as net:
+            cco, usage = run_cco(net, [FAST_SIZE], rounds, tmp / f"fast-cco-{label}")
+            gloo = (
+                gloo_runs(net, [FAST_SIZE], rounds, mkdir(tmp / f"fast-gloo-{label}")) if have_torch else {}
+            )
+        runs.append({"network": net.describe(), "cco": cco, "gloo": gloo, "aggregator": usage})
+        return cco[FAST_SIZE], gloo.get(FAST_SIZE)
+
+    for gro in (False, True):
+        state = "on" if gro else "off"
+        cco, gloo = case(None, gro, f"unshaped-gro-{state}")
+        name = f"CCO / Gloo: N=4, unshaped, MTU 9000, 64 MiB, GRO {state}"
+        targets.append(ratio_target(name, cco, gloo, 3.0, have_torch))
+        targets.append(
+            cpu_target(
+                "  aggregator MB per CPU second (in+out)", cco, "aggregator_mb_per_cpu_second", 600, yardstick
+            )
+        )
+        targets.append(
+            cpu_target(
+                "  endpoint MB per CPU second (up+down)", cco, "endpoint_mb_per_cpu_second", 300, yardstick
+            )
+        )
+    name, limit = "crossover: highest rate with CCO <= Gloo (N=4, 64 MiB)", ">= 1000 Mbit/s"
+    if not have_torch:
+        targets.append(Target(name, limit, f"not measured: torch missing ({TORCH_HINT})", None))
+        return targets, runs
+    highest: float | None = None
+    tried = []
+    for rate in CROSSOVER_RATES:
+        cco, gloo = case(rate, None, f"{rate:.0f}")
+        if gloo is None or "failed" in cco or "failed" in gloo:
+            tried.append(f"{rate:.0f}: a run failed")
+            break
+        ratio = cco["median_seconds"] / gloo["median_seconds"]
+        tried.append(f"{rate:.0f}: {ratio:.2f}")
+        if ratio > 1:
+            break
+        highest = rate
+    below = f"below {CROSSOVER_RATES[0]:.0f} Mbit/s" if highest is None else f"{highest:.0f} Mbit/s"
+    figure = f"{below} (CCO / Gloo at {', '.join(tried)})"
+    targets.append(Target(name, limit, figure, highest is not None and highest >= 1000))
+    return targets, runs
+
+
+def rate_sweep(args: argparse.Namespace) -> dict[str, Any]:
+    """CCO / Gloo against the per-link rate (``--rates``, 'unshaped' last) for each N
+    of ``--endpoints``, one size: a table, and a plot under benchmarks/figures/."""
+    have_torch = torch_available() and not args.no_gloo
+    size = args.sizes[0]
+    rows: list[dict[str, Any]] = []
+    runs = []
+    columns = f"{'N':>3} {'rate':>10} {'CCO s':>9} {'Gloo s':>9} {'CCO/Gloo':>9}"
+    print(f"{columns}  MB per CPU s: aggregator, endpoint")
+    for endpoints in args.endpoints:
+        for rate in args.rates:
+            label = "unshaped" if rate is None else f"{rate:g}"
+            tmp = mkdir(args.logs / f"n{endpoints}-{label}")
+            with network(endpoints, rate, args.mtu, args.queue_ms, args.gro) as net:
+                settings = netns.CcoSettings(
+                    max_datagram_size=net.datagram,
+                    operation_timeout_ms=OPERATION_TIMEOUT_MS,
+                    heartbeat_ms=HEARTBEAT_MS,
+                    quic_backend=args.quic_backend,
+                    nodes_from=args.nodes_from,
+                    busy_poll_us=args.busy_poll_us,
+                )
+                cco, usage = cco_runs(net, [size], args.repeats, tmp / "cco", settings)
+                gloo = gloo_runs(net, [size], args.repeats, mkdir(tmp / "gloo")) if have_torch else {}
+            runs.append({"network": net.describe(), "cco": cco, "gloo": gloo, "aggregator": usage})
+            entry, other = cco[size], gloo.get(size, {})
+            row = {"endpoints": endpoints, "rate_mbit": rate, "cco_seconds": entry.get("median_seconds")}
+            row["gloo_seconds"] = other.get("median_seconds")
+            row["ratio"] = (
+                row["cco_seconds"] / row["gloo_seconds"]
+                if row["cco_seconds"] and row["gloo_seconds"]
+                else None
+            )
+            row["aggregator_mb_per_cpu_second"] = entry.get("aggregator_mb_per_cpu_second")
+            row["endpoint_mb_per_cpu_second"] = entry.get("endpoint_mb_per_cpu_second")
+            rows.append(row)
+            times = f"{fmt_seconds(row['cco_seconds'])} {fmt_seconds(row['gloo_seconds'])}"
+            cpu = f"{fmt_number(row['aggregator_mb_per_cpu_second'], 0, 0)}, "
+            cpu += fmt_number(row["endpoint_mb_per_cpu_second"], 0, 0)
+            print(f"{endpoints:>3} {label:>10} {times} {fmt_number(row['ratio'], 9, 2)}  {cpu}", flush=True)
+    png = plot_by_rate(rows, size, args)
+    if png is not None:
+        print(f"plot: {png}")
+    return {"runs": runs, "points": [], "rate_sweep": rows, "figure": str(png) if png else None}
+
+
+def fmt_seconds(value: float | None) -> str:
+    return f"{value:9.3f}" if value is not None else f"{'-':>9}"
+
+
+def fmt_number(value: float | None, width: int, decimals: int) -> str:
+    return f"{value:{width}.{decimals}f}" if value is not None else "-".rjust(width)
+
+
+def plot_by_rate(rows: list[dict[str, Any]], size: int, args: argparse.Namespace) -> Path | None:
+    """CCO / Gloo against the per-link rate, one line per N; the unshaped star at the
+    right end, labelled so."""
+    if find_spec("matplotlib") is None or not any(row["ratio"] for row in rows):
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rates = list(dict.fromkeys(row["rate_mbit"] for row in rows))
+    labels = ["unshaped" if rate is None else f"{rate:g}" for rate in rates]
+    fig, axis = plt.subplots(figsize=(7, 4.5))
+    for endpoints in dict.fromkeys(row["endpoints"] for row in rows):
+        points = [
+            (rates.index(row["rate_mbit"]), row["ratio"]) for row in rows if row["endpoints"] == endpoints
+        ]
+        points = [(x, y) for x, y in points if y]
+        if points:
+            axis.plot(*zip(*points, strict=True), "o-", label=f"N = {endpoints}")
+    axis.axhline(1.0, color="grey", linestyle="--", label="CCO = Gloo")
+    axis.set_xticks(range(len(rates)), labels)
+    axis.set_yscale("log")
+    axis.set_xlabel("per-link rate, Mbit/s (each way)")
+    axis.set_ylabel("CCO time / Gloo time (median)")
+    gro = "" if args.gro is None else f", veth GRO {'on' if args.gro else 'off'}"
+    axis.set_title(f"all-reduce of {human(size)} float32, MTU {args.mtu}{gro}", fontsize=9)
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend(fontsize=8)
+    fig.tight_layout()
+    ns = "".join(str(n) for n in dict.fromkeys(row["endpoints"] for row in rows))
+    path = (
+        mkdir(HERE / "figures") / f"cco-gloo-by-rate-n{ns}-{human(size).replace(' ', '')}-mtu{args.mtu}.png"
+    )
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def percentile(values: list[float], pct: float) -> float:
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, round(pct / 100 * (len(ordered) - 1))))
@@ -879,6 +1103,16 @@ def percentile(values: list[float], pct: float) -> float:
 
 
 # --- main --------------------------------------------------------------------------------------
+
+
+def rate_arg(text: str) -> float | None:
+    """A link rate in Mbit/s, or None for 'unshaped'."""
+    if text == "unshaped":
+        return None
+    rate = float(text)
+    if rate <= 0:
+        raise argparse.ArgumentTypeError(f"a rate must be positive or 'unshaped', got {text}")
+    return rate
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -898,7 +1132,24 @@ def main(argv: list[str] | None = None) -> int:
         "--endpoints", type=int, nargs="+", default=[2, 4, 8], help="N values (default 2 4 8)"
     )
     parser.add_argument("--sizes", type=int, nargs="+", default=DEFAULT_SIZES, help="bytes per rank")
-    parser.add_argument("--rate-mbit", type=float, default=40.0, help="tbf rate of each link direction")
+    parser.add_argument(
+        "--rate-mbit",
+        type=rate_arg,
+        default=40.0,
+        help="tbf rate of each link direction, or 'unshaped' (no tbf)",
+    )
+    parser.add_argument(
+        "--rates",
+        type=rate_arg,
+        nargs="+",
+        help="a sweep over per-link rates ('unshaped' for none): CCO / Gloo per rate and N, "
+        "a table and a plot under benchmarks/figures/ (one size: the first of --sizes)",
+    )
+    parser.add_argument(
+        "--gro",
+        choices=("on", "off"),
+        help="veth GRO on both ends of every link (default: the kernel's, off for veth)",
+    )
     parser.add_argument("--queue-ms", type=float, default=100.0, help="tbf queue, in ms at the rate")
     parser.add_argument("--mtu", type=int, default=9000, choices=(1500, 9000), help="veth MTU")
     parser.add_argument("--repeats", type=int, default=3, help="rounds per size (median reported)")
@@ -915,9 +1166,19 @@ def main(argv: list[str] | None = None) -> int:
         default="qh3",
         help="every CCO node's QUIC implementation, and the bare stream's (default qh3, the nodes' own)",
     )
+    parser.add_argument(
+        "--busy-poll-us", type=int, help="every CCO node's --busy-poll-us (sweep; default: the nodes')"
+    )
+    parser.add_argument("--no-gloo", action="store_true", help="CCO alone, even where torch is installed")
+    parser.add_argument(
+        "--nodes-from",
+        type=Path,
+        help="a source tree (e.g. a worktree of an older commit) whose cco the nodes run (sweep only)",
+    )
     parser.add_argument("--commit", help="commit measured (default: git HEAD of the tree cco comes from)")
     parser.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/run[-quick].json)")
     args = parser.parse_args(argv)
+    args.gro = None if args.gro is None else args.gro == "on"
     if args.quick and "--repeats" not in argv:
         args.repeats = 2
     if not args.loopback or args.quick:
@@ -926,6 +1187,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"run.py: the namespace star is not available: {reason}; use --loopback", file=sys.stderr)
             return 2
     stem = "run-quick" if args.quick else ("run-loopback" if args.loopback else "run")
+    stem = "run-rates" if args.rates and not args.quick else stem
     args.logs = RESULTS / f"{stem}-logs"  # kept until the next run of the same kind, for failures
     shutil.rmtree(args.logs, ignore_errors=True)
     mkdir(args.logs)
@@ -940,7 +1202,8 @@ def main(argv: list[str] | None = None) -> int:
         f"measuring cco at {header['commit']} ({args.quic_backend}, arithmetic on {header['arithmetic']}) "
         f"on {header['machine']['cpu']} x {header['machine']['cores']}"
     )
-    report = {**header, **(quick(args) if args.quick else sweep(args))}
+    mode = quick if args.quick else (rate_sweep if args.rates else sweep)
+    report = {**header, **mode(args)}
     out = args.out or RESULTS / f"{stem}.json"
     mkdir(out.parent)
     out.write_text(json.dumps(report, indent=2, default=str) + "\n")

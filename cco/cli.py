@@ -6,25 +6,66 @@
     cco-node standalone [options] [-- COMMAND ...]              a one-machine job's services (cco.standalone)
 
 Options come from flags, CCO_* environment variables and a TOML file (--config); see
-``cco-node --help``.  Errors are printed as one line naming the problem, with exit
-status 2 for bad usage or configuration and 1 for a failed run.
+``cco-node --help``.  Every mistake ends in one line on stderr naming its cause (and
+the file, address or option), with exit status 2 for bad usage or configuration and
+1 for a failed run; nothing is left running.  A node's credentials are checked before
+it starts, so a wrong file is named at once rather than refused by a peer later.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import socket
 import sys
+from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
 from cco.wire.errors import CcoError
-from cco.wire.registries import Role
+from cco.wire.registries import ALPN, Role
 
-SUBCOMMANDS = ("certs", "demo", "standalone")
+if TYPE_CHECKING:
+    from cco.config import NodeConfig
+
+USAGE = """\
+usage: cco-node --role rendezvous|aggregator|endpoint [options]   run one node
+       cco-node certs --dir DIR [--force] NODE_ID:ROLE ...         create development certificates
+       cco-node demo [options]                                     a local cluster doing verified all-reduces
+       cco-node standalone [options] [-- COMMAND ...]              a one-machine job's certs and services
+       cco-node --version
+
+New here? Run `cco-node demo`.  `cco-node --help`, `cco-node certs --help` and
+`cco-node demo --help` describe every option."""
 
 
 class UsageError(Exception):
     """A command-line mistake: reported in one line with exit status 2."""
+
+
+class RunFailure(Exception):
+    """A run that could not go on (an address in use, ...): one line, exit status 1."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose mistakes end in one line (argparse prints its usage too)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def version_text() -> str:
+    """What ``--version`` prints: the package, the protocol it speaks and its QUIC stacks."""
+    stacks = ", ".join(f"{name} {_installed(name)}" for name in ("qh3", "aioquic"))
+    return f"cco-node {_installed('cco')} (protocol {ALPN}; QUIC {stacks}; Python {sys.version.split()[0]})"
+
+
+def _installed(distribution: str) -> str:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "(not installed)"
 
 
 def node_parser() -> argparse.ArgumentParser:
@@ -32,24 +73,34 @@ def node_parser() -> argparse.ArgumentParser:
     # numpy, which must wait for single_threaded_numerics() (see main).
     from cco.config import add_arguments
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="cco-node",
-        description="Run a CCO node (rendezvous, aggregator or endpoint) over QUIC.",
-        epilog="Other commands: `cco-node certs --help`, `cco-node demo --help`, "
-        "`cco-node standalone --help`. "
-        "Precedence: flags > CCO_* environment > --config TOML file > defaults.",
+        description="Run a CCO node (rendezvous, aggregator or endpoint) over QUIC. "
+        "New here? `cco-node demo` runs a whole cluster on this machine.",
+        epilog="Other commands: `cco-node certs --help`, `cco-node demo --help`. "
+        "Precedence: flags > CCO_* environment > --config TOML file > defaults; relative paths "
+        "in the TOML file are relative to that file.  Exit status: 0 done (or stopped by "
+        "SIGINT/SIGTERM), 1 a failed run, 2 bad usage or configuration (including credentials, "
+        "checked at start), 3 an aggregator whose registration the rendezvous refused.",
     )
+    parser.add_argument("--version", action="version", version=version_text())
     add_arguments(parser)
     return parser
 
 
 def certs_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="cco-node certs",
         description="Create (or extend) a development PKI: a group CA and one certificate per node. "
-        "Not for production: keys are written unencrypted.",
+        "The CA in DIR is reused if it is there.  Not for production: keys are written unencrypted.",
     )
     parser.add_argument("--dir", type=Path, required=True, help="directory for ca.pem, ca.key and node files")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the key and certificate of a node that already has them (by default that is "
+        "refused: nodes already deployed would stop authenticating)",
+    )
     parser.add_argument(
         "nodes",
         nargs="+",
@@ -74,9 +125,13 @@ def _certs(argv: list[str]) -> int:
         except KeyError:
             raise UsageError(f"{item!r}: role must be rendezvous, aggregator or endpoint") from None
     try:
-        written = create_dev_pki(args.dir, nodes)
-    except (ValueError, FileExistsError) as exc:
-        raise UsageError(str(exc)) from exc
+        written = create_dev_pki(args.dir, nodes, replace=args.force)
+    except FileExistsError as exc:
+        raise UsageError(f"{exc}; --force replaces them (nodes using the old ones stop working)") from None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise RunFailure(f"{args.dir}: {exc.strerror}") from None
     for path in written:
         print(path)
     return 0
@@ -96,30 +151,102 @@ def single_threaded_numerics() -> None:
         os.environ.setdefault(name, "1")
 
 
+def checked(cfg: NodeConfig) -> NodeConfig:
+    """``cfg`` with its credentials checked as a peer would check them, and the
+    rendezvous's default store filled in (it depends on the group CA)."""
+    import datetime
+
+    from cryptography.hazmat.primitives import hashes
+
+    from cco.config import NodeConfig, default_store_path
+    from cco.services.roles import transport_config
+    from cco.transport.certs import check_node_credentials, load_certificate
+
+    transport = transport_config(cfg)
+    now = datetime.datetime.now(datetime.UTC)
+    role = Role[cfg.role.upper()]
+    check_node_credentials(transport.ca_file, transport.cert_file, transport.key_file, cfg.node_id, role, now)
+    if role is not Role.ENDPOINT:
+        _check_listen(cfg)
+    if role is Role.RENDEZVOUS and cfg.store is None:
+        fingerprint = load_certificate(Path(transport.ca_file)).fingerprint(hashes.SHA256()).hex()
+        store = default_store_path(cfg.node_id, cfg.listen, fingerprint, os.environ)
+        return NodeConfig(role=cfg.role, values={**cfg.values, "store": str(store)})
+    return cfg
+
+
+def _check_listen(cfg: NodeConfig) -> None:
+    """Bind ``--listen`` for a moment: an address in use or not of this host is named
+    now, in one line, rather than after the node has started (the node binds it again,
+    and a process that took it in between is reported the same way)."""
+    from cco.config import parse_hostport
+
+    host, port = parse_hostport(cfg.listen)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+        with socket.socket(infos[0][0], socket.SOCK_DGRAM) as probe:
+            probe.bind(infos[0][4])
+    except OSError as exc:
+        raise RunFailure(_os_failure(exc, cfg)) from None
+
+
+def _run_node(argv: list[str]) -> int:
+    single_threaded_numerics()
+    from cco.config import resolve
+    from cco.logs import configure_logging
+
+    cfg = resolve(node_parser().parse_args(argv))
+    configure_logging(cfg.log_level, cfg.log_format)
+    cfg = checked(cfg)
+    from cco.services.roles import run_role
+
+    try:
+        return run_role(cfg)
+    except OSError as exc:
+        raise RunFailure(_os_failure(exc, cfg)) from None
+
+
+def _os_failure(exc: OSError, cfg: NodeConfig) -> str:
+    """One line for an operating-system error that stopped a node."""
+    reason = exc.strerror or str(exc)
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"cannot listen on {cfg.listen} (UDP): the address is already in use by another "
+            "process; choose another with --listen"
+        )
+    if exc.errno in (errno.EADDRNOTAVAIL, errno.EACCES) or isinstance(exc, socket.gaierror):
+        return f"cannot listen on {cfg.listen} (UDP): {reason.lower()}"
+    where = f" ({exc.filename})" if exc.filename else ""
+    return f"{cfg.role} {cfg.node_id}: {reason}{where}"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        if argv and argv[0] == "certs":
+        if not argv:
+            print(USAGE, file=sys.stderr)
+            return 2
+        if argv[0] == "certs":
             return _certs(argv[1:])
-        if argv and argv[0] == "demo":
+        if argv[0] == "demo":
             from cco.demo import demo_main
 
             return demo_main(argv[1:])
-        if argv and argv[0] == "standalone":
+        if argv[0] == "standalone":
             from cco.standalone import standalone_main
 
             return standalone_main(argv[1:])
-        single_threaded_numerics()
-        from cco.config import resolve
-        from cco.services.roles import run_role
-
-        return run_role(resolve(node_parser().parse_args(argv)))
+        return _run_node(argv)
     except UsageError as exc:
         print(f"cco-node: {exc}", file=sys.stderr)
         return 2
-    except CcoError as exc:
+    except RunFailure as exc:
         print(f"cco-node: {exc}", file=sys.stderr)
-        return 2 if exc.code.name == "INVALID_FIELD" else 1
+        return 1
+    except CcoError as exc:
+        usage = exc.code.name == "INVALID_FIELD"  # the code adds nothing to a configuration mistake
+        print(f"cco-node: {exc.detail if usage else exc}", file=sys.stderr)
+        return 2 if usage else 1
     except KeyboardInterrupt:
         return 130
 

@@ -10,9 +10,10 @@ so the four cannot disagree.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,18 @@ def _labels(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
+def _one_of(*choices: str) -> Callable[[str], str]:
+    """A parser accepting exactly one of ``choices`` (case-insensitive)."""
+
+    def parse(text: str) -> str:
+        lowered = text.strip().lower()
+        if lowered not in choices:
+            raise ValueError(f"{text!r} is not one of {', '.join(choices)}")
+        return lowered
+
+    return parse
+
+
 @dataclass(frozen=True, slots=True)
 class Option:
     """One configuration option, known under the same name everywhere."""
@@ -68,6 +81,8 @@ class Option:
     """For such a value: the largest accepted."""
     role_defaults: Mapping[str, Any] | None = None
     """Where the default differs by role: the role's default (``default`` for the others)."""
+    path: bool = False
+    """A file or directory: a relative path in a TOML file is relative to that file."""
 
     def default_for(self, role: str) -> Any:
         if self.role_defaults is not None and role in self.role_defaults:
@@ -94,6 +109,8 @@ class Option:
 
 
 R, A, E = "rendezvous", "aggregator", "endpoint"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
 
 OPTIONS: tuple[Option, ...] = (
     Option("node_id", "this node's id; must equal the CN of its certificate", None),
@@ -102,11 +119,19 @@ OPTIONS: tuple[Option, ...] = (
         "directory with ca.pem and <node_id>.pem / <node_id>.key (as written by `cco-node certs`)",
         None,
         Path,
+        path=True,
     ),
-    Option("ca", "group CA certificate (PEM); default <pki_dir>/ca.pem", None, Path),
-    Option("cert", "this node's certificate (PEM); default <pki_dir>/<node_id>.pem", None, Path),
-    Option("key", "this node's private key (PEM); default <pki_dir>/<node_id>.key", None, Path),
-    Option("listen", "HOST:PORT to accept QUIC connections on", "127.0.0.1:4433", _hostport, (R, A)),
+    Option("ca", "group CA certificate (PEM); default <pki_dir>/ca.pem", None, Path, path=True),
+    Option("cert", "this node's certificate (PEM); default <pki_dir>/<node_id>.pem", None, Path, path=True),
+    Option("key", "this node's private key (PEM); default <pki_dir>/<node_id>.key", None, Path, path=True),
+    Option(
+        "listen",
+        "HOST:PORT (UDP) to accept QUIC connections on",
+        "127.0.0.1:4433",
+        _hostport,
+        (R, A),
+        role_defaults={A: "127.0.0.1:4434"},
+    ),
     Option("advertise", "HOST:PORT children should connect to; default: --listen", None, _hostport, (A,)),
     Option("rendezvous", "HOST:PORT of the rendezvous", "127.0.0.1:4433", _hostport, (A, E)),
     Option("rendezvous_id", "node id the rendezvous certificate must carry", "rendezvous", str, (A, E)),
@@ -164,11 +189,15 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "store",
         "SQLite file keeping groups, members, epochs, trees and aggregator registrations across a "
-        "restart; ':memory:' keeps nothing (default: $XDG_STATE_HOME/cco/rendezvous-<node_id>.sqlite3, "
-        "else ~/.local/state/cco/...)",
+        "restart; ':memory:' keeps nothing (default: rendezvous-<node_id>-<port>-<CA fingerprint>"
+        ".sqlite3 in $STATE_DIRECTORY, as systemd's StateDirectory= sets it, else in "
+        "$XDG_STATE_HOME/cco, else in ~/.local/state/cco: one file per rendezvous identity, address "
+        "and group CA, so that a restart carries on from its own state and an unrelated job never "
+        "restores another's groups)",
         None,
         str,
         (R,),
+        path=True,
     ),
     Option(
         "resume_grace_ms",
@@ -193,7 +222,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("rounds", "endpoint workload: all-reduce rounds to run", 3, int, (E,), minimum=0),
     Option("elements", "endpoint workload: elements per all-reduce", 1 << 16, int, (E,), minimum=0),
     Option(
-        "workload", "endpoint workload: 'allreduce' rounds or the 'conformance' suite", "allreduce", str, (E,)
+        "workload",
+        "endpoint workload: 'allreduce' rounds or the 'conformance' suite",
+        "allreduce",
+        _one_of("allreduce", "conformance"),
+        (E,),
     ),
     Option(
         "dtype",
@@ -232,6 +265,7 @@ OPTIONS: tuple[Option, ...] = (
         None,
         Path,
         (E,),
+        path=True,
     ),
     Option("max_datagram_size", "QUIC datagram size; loopback and jumbo links allow up to ~16000", 1452, int),
     Option(
@@ -239,7 +273,7 @@ OPTIONS: tuple[Option, ...] = (
         "QUIC implementation: 'qh3' (native packet processing, several times less CPU per "
         "packet) or 'aioquic' (pure Python); the wire is the same",
         "qh3",
-        str,
+        _one_of("qh3", "aioquic"),
     ),
     Option(
         "busy_poll_us",
@@ -252,12 +286,60 @@ OPTIONS: tuple[Option, ...] = (
         maximum=MAX_BUSY_POLL_US,
         role_defaults={R: 0},
     ),
-    Option("qlog_dir", "write qlog traces to this directory", None, Path),
-    Option("keylog_file", "append TLS secrets to this file (for Wireshark)", None, Path),
-    Option("log_level", "logging level (debug, info, warning, error)", "info", str),
+    Option("qlog_dir", "write qlog traces to this directory", None, Path, path=True),
+    Option(
+        "keylog_file",
+        "append TLS secrets to this file (for Wireshark; anyone who reads it can decrypt the traffic)",
+        None,
+        Path,
+        path=True,
+    ),
+    Option(
+        "log_level",
+        "logging level: debug, info, warning or error (the QUIC libraries' own per-connection "
+        "messages are shown at debug only)",
+        "info",
+        _one_of(*LOG_LEVELS),
+    ),
+    Option(
+        "log_format",
+        "log lines as 'text' or as 'json' (one object per line, for log shippers)",
+        "text",
+        _one_of(*LOG_FORMATS),
+    ),
 )
 
+OTHER_VARIABLES = {
+    "CCO_ROLE": "the role, as --role",
+    "CCO_CONFIG": "the TOML file, as --config",
+    "CCO_KERNELS": "'numpy' keeps the per-chunk arithmetic in numpy where numba is installed",
+    "CCO_INTEROP_FAULT": "makes a `cco-interop live` adapter misbehave on purpose (tests only)",
+}
+"""The ``CCO_*`` environment variables that are not options; any other one that is
+not an option's is refused, so that a misspelled variable is not silently ignored."""
+
 _BY_NAME = {option.name: option for option in OPTIONS}
+
+
+def default_store_path(node_id: str, listen: str, ca_fingerprint: str, environ: Mapping[str, str]) -> Path:
+    """Where a rendezvous keeps its state when ``--store`` is not given.
+
+    The directory is the one the service manager gave it (``$STATE_DIRECTORY``, set
+    by systemd's ``StateDirectory=``), else the user's state directory
+    (``$XDG_STATE_HOME/cco``, else ``~/.local/state/cco``).  The file is named by
+    what makes a rendezvous the same one again after a restart, its node id, its
+    port and its group CA (the first 16 hex digits of the CA certificate's SHA-256),
+    so that a restarted rendezvous carries on from its own state while another job
+    on the same host, with the same node id but another port or another CA, never
+    restores the groups of this one."""
+    if environ.get("STATE_DIRECTORY"):
+        base = Path(environ["STATE_DIRECTORY"].split(":")[0])
+    elif environ.get("XDG_STATE_HOME"):
+        base = Path(environ["XDG_STATE_HOME"]) / "cco"
+    else:
+        base = Path.home() / ".local" / "state" / "cco"
+    _, port = parse_hostport(listen)
+    return base / f"rendezvous-{node_id}-{port}-{ca_fingerprint[:16]}.sqlite3"
 
 
 @dataclass(frozen=True)
@@ -309,8 +391,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         )
 
 
+def _suggestion(name: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def check_environment(environ: Mapping[str, str]) -> None:
+    """Refuse a ``CCO_*`` variable that no option and nothing else in CCO reads."""
+    known = {option.env for option in OPTIONS} | set(OTHER_VARIABLES)
+    for name in sorted(environ):
+        if name.startswith("CCO_") and name not in known:
+            raise CcoError(
+                ErrorCode.INVALID_FIELD,
+                f"environment variable {name} is not a CCO setting{_suggestion(name, known)}; "
+                "`cco-node --help` lists each option's variable",
+            )
+
+
 def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> NodeConfig:
-    """Merge defaults, TOML, environment and flags; parse and check every value."""
+    """Merge defaults, TOML, environment and flags; parse and check every value.
+
+    Relative paths in the TOML file are relative to the file's directory, so that a
+    file means the same whatever directory the node is started from; relative paths
+    in flags and variables are relative to the working directory, as in any command."""
+    check_environment(environ)
     config_path = args.config or (Path(environ["CCO_CONFIG"]) if "CCO_CONFIG" in environ else None)
     from_file: dict[str, Any] = {}
     if config_path is not None:
@@ -319,14 +423,17 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
                 from_file = tomllib.load(handle)
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise CcoError(ErrorCode.INVALID_FIELD, f"config file {config_path}: {exc}") from exc
-        unknown = set(from_file) - set(_BY_NAME) - {"role"}
+        unknown = sorted(set(from_file) - set(_BY_NAME) - {"role"})
         if unknown:
             raise CcoError(
-                ErrorCode.INVALID_FIELD, f"config file {config_path}: unknown keys {sorted(unknown)}"
+                ErrorCode.INVALID_FIELD,
+                f"config file {config_path}: unknown keys {unknown}"
+                f"{_suggestion(unknown[0], [*_BY_NAME, 'role'])}",
             )
     role = args.role or environ.get("CCO_ROLE") or from_file.get("role")
     if role not in (R, A, E):
-        raise CcoError(ErrorCode.INVALID_FIELD, "--role must be one of rendezvous, aggregator, endpoint")
+        given = "" if role is None else f", not {role!r}"
+        raise CcoError(ErrorCode.INVALID_FIELD, f"--role must be rendezvous, aggregator or endpoint{given}")
     values: dict[str, Any] = {}
     for option in OPTIONS:
         raw: Any = getattr(args, option.name, None)
@@ -337,6 +444,9 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
             raw, source = from_file[option.name], f"{config_path}:{option.name}"
             if not isinstance(raw, str):
                 raw = ",".join(raw) if isinstance(raw, list) else str(raw)
+            elif option.path and raw != ":memory:":
+                assert config_path is not None
+                raw = str(config_path.parent / Path(raw).expanduser())
         if raw is None:
             values[option.name] = option.default_for(role)
             continue

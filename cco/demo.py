@@ -15,38 +15,77 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+from cco.cli import OneLineParser
 from cco.localcluster import ClusterSpec, LocalCluster
+from cco.transport.config import MAX_DATAGRAM_SIZE, MIN_DATAGRAM_SIZE
 from cco.wire.errors import CcoError
+from cco.wire.messages import MAX_CHUNK_ELEMENTS
+
+
+def _count(least: int, most: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer from ``least`` (to ``most``)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+        if most is not None and value > most:
+            raise argparse.ArgumentTypeError(f"must be at most {most}, got {value}")
+        return value
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
 
 
 def demo_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="cco-node demo",
         description="Run a local CCO cluster (separate processes on 127.0.0.1, fresh certificates) "
         "doing verified float32 all-reduces, and print a summary.",
     )
-    parser.add_argument("--endpoints", type=int, default=8, help="endpoint processes (default 8)")
-    parser.add_argument("--aggregators", type=int, default=3, help="aggregator processes (default 3)")
+    parser.add_argument("--endpoints", type=_count(1), default=8, help="endpoint processes (default 8)")
+    parser.add_argument("--aggregators", type=_count(1), default=3, help="aggregator processes (default 3)")
     parser.add_argument(
         "--fan-in",
-        type=int,
+        type=_count(2, 1024),
         default=4,
         help="children per aggregator; 8 endpoints with fan-in 4 "
         "and 3 aggregators form a two-level tree (default 4)",
     )
-    parser.add_argument("--rounds", type=int, default=5, help="all-reduce rounds (default 5)")
+    parser.add_argument("--rounds", type=_count(1), default=5, help="all-reduce rounds (default 5)")
     parser.add_argument(
-        "--elements", type=int, default=1 << 18, help="float32 elements per round (default 262144)"
+        "--elements", type=_count(1), default=1 << 18, help="float32 elements per round (default 262144)"
     )
     parser.add_argument(
-        "--chunk-elements", type=int, default=65536, help="elements per chunk (default 65536)"
+        "--chunk-elements",
+        type=_count(1, MAX_CHUNK_ELEMENTS),
+        default=65536,
+        help="elements per chunk (default 65536)",
     )
     parser.add_argument(
-        "--max-datagram-size", type=int, default=16000, help="QUIC datagram size (default 16000)"
+        "--max-datagram-size",
+        type=_count(MIN_DATAGRAM_SIZE, MAX_DATAGRAM_SIZE),
+        default=16000,
+        help="QUIC datagram size (default 16000)",
     )
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds before giving up (default 300)")
+    parser.add_argument(
+        "--timeout", type=_seconds, default=300.0, help="seconds before giving up (default 300)"
+    )
     parser.add_argument("--workdir", type=Path, help="keep certificates, logs and results here")
     return parser
 
@@ -79,7 +118,7 @@ def demo_main(argv: list[str]) -> int:
             spec, [json.loads(p.read_text()) for p in result_files], time.perf_counter() - started
         )
     except CcoError as exc:
-        print(f"demo FAILED: {exc}\nlogs are in {workdir}", file=sys.stderr)
+        print(f"cco-node demo: FAILED: {exc} (the nodes' logs are in {workdir})", file=sys.stderr)
         return 1
     if ok and args.workdir is None:
         shutil.rmtree(workdir, ignore_errors=True)

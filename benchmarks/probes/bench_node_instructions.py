@@ -38,9 +38,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-OUT_ENV = "CCO_CALLGRIND_OUT"
+OUT_ENV = "CCOBENCH_CALLGRIND_OUT"
 """Set in a process started through this file: the callgrind output file prefix."""
-NODE_ENV = "CCO_CALLGRIND_NODE"
+NODE_ENV = "CCOBENCH_CALLGRIND_NODE"
 """Set in a process started through this file: which node runs under callgrind."""
 NODES = ("endpoint", "aggregator")
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-TRACE_DIR = "CCO_ROUND_TRACE_DIR"
+TRACE_DIR = "CCOBENCH_ROUND_TRACE_DIR"
 """Set in a process started through this file: it is a node, and writes its stamps there."""
 
 RESULTS = Path(__file__).resolve().parent / "results" / "round_trace.json"

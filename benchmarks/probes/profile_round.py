@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-PID_DIR = "CCO_PROFILE_PID_DIR"
+PID_DIR = "CCOBENCH_PROFILE_PID_DIR"
 """Set in a process started through this file: it is a node, and notes its pid and role there."""
 
 RESULTS = Path(__file__).resolve().parent / "results" / "profile_round.json"

@@ -34,8 +34,23 @@ Sizing of ``tbf`` (see :func:`tbf_sizes`):
   never fewer than 32 full frames.  At 40 Mbit/s that is 500 KB (55 jumbo or 330
   standard frames) and at most 100 ms of queueing delay.
 
-Requires root, ``ip`` and ``tc`` (iproute2) and a kernel with veth and tbf;
-:func:`unavailable_reason` says in one line why a star cannot be built here.
+A star may also be left unshaped (``rate_mbit=None``: no qdisc but the default, the
+links as fast as the CPU makes them), which is where the nodes' CPU per byte shows.
+
+**GRO.**  A veth hands each frame up the receiver's stack on its own unless GRO is
+on for it (``ethtool -K DEV gro on``; off by default), as a NIC without receive
+offload does; with GRO on, a sender's consecutive UDP datagrams of one size reach a
+socket that asked for them (``UDP_GRO``) as one buffer, as with real NICs, which
+coalesce by default.  ``StarSpec.gro`` sets it on both ends of every link (None:
+the kernel's default).  What veth GRO changes is the datagrams a sender hands over
+one by one: a GSO send (``UDP_SEGMENT``, as the nodes send runs of equal datagrams)
+crosses an unshaped veth as one super-packet and reaches a ``UDP_GRO`` socket whole,
+GRO on or off, as on loopback; a tbf qdisc splits it into frames before the link
+where its bucket is smaller than the super-packet (slow rates, see ``tbf_sizes``).
+
+Requires root, ``ip`` and ``tc`` (iproute2), ``ethtool`` to set GRO, and a kernel
+with veth and tbf; :func:`unavailable_reason` says in one line why a star cannot be
+built here.
 """
 
 from __future__ import annotations
@@ -54,6 +69,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from cputrace import CpuTrace
 
 from cco.localcluster import unwind_on_signals
 
@@ -183,9 +200,12 @@ class StarSpec:
     """Shape of a star: endpoints, link MTU, rate of each direction, queue depth."""
 
     endpoints: int
-    rate_mbit: float = 40.0
+    rate_mbit: float | None = 40.0
+    """Rate of each direction of each link; None: no shaping."""
     mtu: int = 9000
     queue_ms: float = 100.0
+    gro: bool | None = None
+    """GRO on (True) or off (False) on both ends of every link; None: the kernel's default."""
     base: str = DEFAULT_BASE
 
     def __post_init__(self) -> None:
@@ -195,7 +215,10 @@ class StarSpec:
             raise ValueError(f"mtu must be 576..65535, got {self.mtu}")
         if not self.base.isalnum():
             raise ValueError(f"base must be letters and digits, got {self.base!r}")
-        tbf_sizes(self.rate_mbit * 1e6, self.mtu, self.queue_ms)  # validates the rest
+        if self.rate_mbit is not None:
+            tbf_sizes(self.rate_mbit * 1e6, self.mtu, self.queue_ms)  # validates the rest
+        if self.gro is not None and shutil.which("ethtool") is None:
+            raise ValueError("setting veth GRO needs ethtool (apt-get install ethtool)")
 
 
 @dataclass
@@ -235,13 +258,23 @@ class Star:
 
     def _build(self) -> None:
         spec = self.spec
-        burst, limit = tbf_sizes(spec.rate_mbit * 1e6, spec.mtu, spec.queue_ms)
         hub = self.hub_ns
         _run(["ip", "netns", "add", hub])
         _run(["ip", "-n", hub, "link", "set", "lo", "up"])
         _run(["ip", "-n", hub, "addr", "add", f"{HUB_ADDRESS}/32", "dev", "lo"])
         _run(["ip", "netns", "exec", hub, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1"])
-        shape = ["tbf", "rate", f"{int(spec.rate_mbit * 1e6)}bit", "burst", str(burst), "limit", str(limit)]
+        shape: list[str] = []
+        if spec.rate_mbit is not None:
+            burst, limit = tbf_sizes(spec.rate_mbit * 1e6, spec.mtu, spec.queue_ms)
+            shape = [
+                "tbf",
+                "rate",
+                f"{int(spec.rate_mbit * 1e6)}bit",
+                "burst",
+                str(burst),
+                "limit",
+                str(limit),
+            ]
         for i, ns in enumerate(self.endpoint_ns):
             hub_if, hub_ip, ep_ip = f"ep{i}", self.gateway_address(i), self.endpoint_address(i)
             _run(["ip", "netns", "add", ns])
@@ -253,8 +286,29 @@ class Star:
             _run(["ip", "-n", hub, "addr", "add", f"{hub_ip}/24", "dev", hub_if])
             _run(["ip", "-n", hub, "link", "set", hub_if, "up"])
             _run(["ip", "-n", ns, "route", "add", "default", "via", hub_ip])
-            _run(["tc", "-n", ns, "qdisc", "add", "dev", "eth0", "root", *shape])  # the way up
-            _run(["tc", "-n", hub, "qdisc", "add", "dev", hub_if, "root", *shape])  # the way down
+            if shape:
+                _run(["tc", "-n", ns, "qdisc", "add", "dev", "eth0", "root", *shape])  # the way up
+                _run(["tc", "-n", hub, "qdisc", "add", "dev", hub_if, "root", *shape])  # the way down
+            if spec.gro is not None:
+                self.set_gro(spec.gro, i)
+
+    def set_gro(self, on: bool, index: int | None = None) -> None:
+        """GRO on or off on both ends of endpoint ``index``'s link (None: every link)."""
+        state = "on" if on else "off"
+        indices = range(self.spec.endpoints) if index is None else [index]
+        for i in indices:
+            for ns, dev in ((self.endpoint_ns[i], "eth0"), (self.hub_ns, f"ep{i}")):
+                _run(["ip", "netns", "exec", ns, "ethtool", "-K", dev, "gro", state])
+
+    def gro_state(self, index: int) -> tuple[bool, bool]:
+        """Whether GRO is on at (the endpoint's, the hub's) end of endpoint ``index``'s link."""
+        ends = ((self.endpoint_ns[index], "eth0"), (self.hub_ns, f"ep{index}"))
+        states = []
+        for ns, dev in ends:
+            out = _run(["ip", "netns", "exec", ns, "ethtool", "-k", dev]).stdout
+            line = next(x for x in out.splitlines() if x.startswith("generic-receive-offload:"))
+            states.append(line.split(":", 1)[1].split()[0] == "on")
+        return states[0], states[1]
 
     def down(self) -> None:
         """Stop processes started in the star, delete its namespaces (and so its links)."""
@@ -383,6 +437,9 @@ class CcoSettings:
     busy_poll_us: int | None = None
     """Every node's ``--busy-poll-us``; None: each role's default (polling in the
     aggregator and the endpoints, none in the rendezvous)."""
+    nodes_from: Path | None = None
+    """A source tree whose ``cco`` the nodes import (on their PYTHONPATH) instead of
+    the harness's: an A/B of two commits with one harness."""
     launcher: Path | None = None
     """A script every node runs through instead of ``python -m cco.cli`` (it ends in
     ``cco.cli.main``), such as ``bench_round_trace.py``'s stamps; ``untagged`` still
@@ -421,6 +478,25 @@ class EndpointRun:
     wall_seconds: float
     cpu_seconds: list[float]
     """Each endpoint process's user + system CPU time (from wait4), by rank."""
+    trace: CpuTrace | None = None
+    """The CPU of the aggregator and the endpoints over the run, for :meth:`rounds_cpu`."""
+    aggregator_pid: int = 0
+    endpoint_pids: tuple[int, ...] = ()
+
+    def rounds_cpu(self, first: int) -> tuple[float, list[float]] | None:
+        """CPU seconds of the aggregator and of each endpoint (by rank) from the first
+        rank's call of round ``first`` to the last rank's result of the last round:
+        the warm datapath, without start-up, joining and the rounds before; None
+        where the trace does not cover it (it takes a few seconds, see cputrace.py)."""
+        if self.trace is None or first >= len(self.reports[0]["rounds"]):
+            return None
+        start = min(r["rounds"][first]["started"] for r in self.reports)
+        end = max(r["rounds"][-1]["started"] + r["rounds"][-1]["seconds"] for r in self.reports)
+        aggregator = self.trace.between(self.aggregator_pid, start, end)
+        endpoints = [self.trace.between(pid, start, end) for pid in self.endpoint_pids]
+        if aggregator is None or any(cpu is None for cpu in endpoints):
+            return None
+        return aggregator, [cpu for cpu in endpoints if cpu is not None]
 
     def round_seconds(self) -> list[float]:
         """Each round's time on the slowest rank."""
@@ -480,6 +556,10 @@ class CcoCluster:
         argv = [*(program or [sys.executable, *default]), *args]
         log = open(self.workdir / f"{name}.log", "w")  # noqa: SIM115 - the child owns it
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if self.settings.nodes_from is not None:
+            env["PYTHONPATH"] = os.pathsep.join(
+                [str(self.settings.nodes_from.resolve()), *filter(None, [os.environ.get("PYTHONPATH")])]
+            )
         # Not the caller's directory: `python -m` puts the working directory first on
         # sys.path, so a node started from a checkout would import that checkout's cco
         # instead of the one PYTHONPATH or the installation names (an A/B of two
@@ -571,6 +651,8 @@ class CcoCluster:
         _run([sys.executable, "-m", "cco.cli", *certs], cwd=self.workdir)
         started = time.perf_counter()
         processes = []
+        trace = CpuTrace()
+        trace.follow(self.aggregator_pid)
         for i in range(self.endpoints):
             name = f"run{self._runs}-ep-{i}"
             args = ["--role", "endpoint", "--node-id", node_ids[i], "--pki-dir", str(self.pki)]
@@ -582,6 +664,7 @@ class CcoCluster:
             namespace = self.star.endpoint_ns[i] if self.star is not None else None
             program = [sys.executable, str(UNTAGGED)] if self.settings.untagged else None
             processes.append((name, self._spawn(namespace, name, args, program)))
+            trace.follow(processes[-1][1].pid)  # `ip netns exec` execs: the node's own pid
         deadline = started + timeout
         failed = []
         cpu = []
@@ -597,6 +680,7 @@ class CcoCluster:
                     failed.append(f"{name} exited with {code}: {self.tail(name)}")
             wall = time.perf_counter() - started
         finally:  # also when the harness is stopped meanwhile: no endpoint outlives it
+            trace.stop()
             for _, process in processes:
                 if process.poll() is None:
                     process.kill()
@@ -604,7 +688,14 @@ class CcoCluster:
         if failed:
             raise NetnsError("; ".join(failed))
         reports = [json.loads((self.workdir / f"{name}.json").read_text()) for name, _ in processes]
-        return EndpointRun(reports=reports, wall_seconds=wall, cpu_seconds=cpu)
+        return EndpointRun(
+            reports=reports,
+            wall_seconds=wall,
+            cpu_seconds=cpu,
+            trace=trace,
+            aggregator_pid=self.aggregator_pid,
+            endpoint_pids=tuple(process.pid for _, process in processes),
+        )
 
     @property
     def aggregator_pid(self) -> int:

@@ -494,11 +494,7 @@ ROLE_MAINS = {"rendezvous": run_rendezvous, "aggregator": run_aggregator, "endpo
 
 
 def run_role(cfg: NodeConfig) -> int:
-    logging.basicConfig(
-        level=getattr(logging, cfg.log_level.upper(), logging.INFO),
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-        stream=sys.stderr,
-    )
+    """Run ``cfg``'s role to its end; the caller has set up logging (``cco.cli``)."""
     if cfg.role == "endpoint" and cfg.elements > kernels.SMALL:
         # The workload's chunks will run the compiled loops: load them with the rest
         # of start-up, before settle_heap() (see kernels.preload).

@@ -15,11 +15,13 @@ from cco.transport.config import TransportConfig
 from cco.transport.endpoint import Server, connect, serve
 from cco.transport.handshake import LocalIdentity
 from cco.transport.link import LinkClosed, PeerLink
+from cco.transport.pathstats import PathStats
 
 __all__ = [
     "LinkClosed",
     "LocalIdentity",
     "NodeIdentity",
+    "PathStats",
     "PeerLink",
     "Server",
     "TransportConfig",

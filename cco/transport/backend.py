@@ -29,6 +29,7 @@ from cco.transport.certs import Credentials, NodeIdentity, identity_from_certifi
 from cco.transport.config import TransportConfig
 from cco.transport.connection import CcoQuicConnection
 from cco.transport.handshake import LocalIdentity
+from cco.transport.pathstats import PathStats
 from cco.wire.registries import ALPN
 
 
@@ -62,6 +63,9 @@ class QuicLink(Protocol):
 
     @property
     def bytes_in_flight(self) -> int: ...
+    def path_stats(self) -> PathStats:
+        """Round trip, congestion window and bytes in flight as QUIC measures them."""
+
     @property
     def termination(self) -> events.ConnectionTerminated | None:
         """Why the connection is closing, as soon as that is known."""

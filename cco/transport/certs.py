@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -207,20 +208,61 @@ def write_private_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
     os.chmod(path, 0o600)
 
 
-def load_certificate(path: Path) -> x509.Certificate:
-    return x509.load_pem_x509_certificate(path.read_bytes())
-
-
-def load_private_key(path: Path) -> ec.EllipticCurvePrivateKey:
-    key = serialization.load_pem_private_key(path.read_bytes(), password=None)
-    if not isinstance(key, ec.EllipticCurvePrivateKey):
-        raise ValueError(f"{path}: expected an EC private key, got {type(key).__name__}")
-    return key
-
-
 def write_credentials(cert_path: Path, key_path: Path, credentials: Credentials) -> None:
     write_private_key(key_path, credentials.private_key)
     write_certificate(cert_path, credentials.certificate)
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise CcoError(
+            ErrorCode.INVALID_FIELD, f"{path}: no such file (create one with `cco-node certs`)"
+        ) from None
+    except OSError as exc:
+        raise CcoError(ErrorCode.INVALID_FIELD, f"{path}: cannot read it: {exc.strerror}") from None
+
+
+def load_certificate(path: Path) -> x509.Certificate:
+    """The PEM certificate in ``path``; a missing, unreadable, truncated or malformed
+    file is a :class:`CcoError` (``INVALID_FIELD``) naming the file."""
+    data = _read(path)
+    try:
+        return x509.load_pem_x509_certificate(data)
+    except ValueError:
+        pass
+    if b"-----BEGIN CERTIFICATE-----" not in data:
+        reason = "no PEM certificate in it (no '-----BEGIN CERTIFICATE-----' line)"
+    elif b"-----END CERTIFICATE-----" not in data:
+        reason = "the PEM certificate is truncated (no '-----END CERTIFICATE-----' line)"
+    else:
+        reason = "the PEM certificate is malformed"
+    raise CcoError(ErrorCode.INVALID_FIELD, f"{path}: {reason}")
+
+
+def load_private_key(path: Path) -> ec.EllipticCurvePrivateKey:
+    """The unencrypted PEM EC private key in ``path``, or a :class:`CcoError` naming the file."""
+    data = _read(path)
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except TypeError:  # the key is encrypted
+        raise CcoError(
+            ErrorCode.INVALID_FIELD, f"{path}: the private key is encrypted; nodes need an unencrypted key"
+        ) from None
+    except (ValueError, UnsupportedAlgorithm):
+        if b"PRIVATE KEY-----" not in data:
+            reason = "no PEM private key in it (no '-----BEGIN PRIVATE KEY-----' line)"
+        elif b"-----END" not in data:
+            reason = "the PEM private key is truncated (no '-----END ...' line)"
+        else:
+            reason = "the PEM private key is malformed"
+        raise CcoError(ErrorCode.INVALID_FIELD, f"{path}: {reason}") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise CcoError(
+            ErrorCode.INVALID_FIELD, f"{path}: expected an EC private key, got {type(key).__name__}"
+        )
+    return key
 
 
 def load_credentials(cert_path: Path, key_path: Path) -> Credentials:
@@ -241,26 +283,107 @@ def create_dev_pki(
     directory: Path,
     nodes: Iterable[tuple[str, Role]],
     valid_days: int = DEFAULT_VALID_DAYS,
+    *,
+    replace: bool = True,
 ) -> list[Path]:
     """Create (or extend) a development PKI in ``directory``; return the files written.
 
     The CA is created on first use and reused afterwards, so nodes can be added to
     a running deployment.  Each listed node gets a fresh key and certificate,
-    replacing any earlier one of the same id.
+    replacing any earlier one of the same id, unless ``replace`` is False: then a
+    node whose files exist is refused (``FileExistsError``) before anything is
+    written, so that a second run cannot silently change the keys of nodes already
+    deployed.  A node id listed twice is refused (``ValueError``): the second
+    certificate would silently replace the first.
     """
+    nodes = list(nodes)
+    ids = [node_id for node_id, _ in nodes]
+    repeated = sorted({node_id for node_id in ids if ids.count(node_id) > 1})
+    if repeated:
+        raise ValueError(f"node id {', '.join(map(repr, repeated))} listed more than once")
+    paths = [node_paths(directory, node_id) for node_id in ids]
+    if not replace:
+        existing = [str(path) for pair in paths for path in pair if path.exists()]
+        if existing:
+            raise FileExistsError(f"{', '.join(existing)} already exist")
     directory.mkdir(parents=True, exist_ok=True)
     ca_cert, ca_key = directory / CA_CERT_FILE, directory / CA_KEY_FILE
     written: list[Path] = []
     if ca_cert.exists() and ca_key.exists():
-        ca = load_credentials(ca_cert, ca_key)
+        ca = Credentials(load_certificate(ca_cert), load_private_key(ca_key))
     elif ca_cert.exists() or ca_key.exists():
         raise FileExistsError(f"{directory} holds only one of {CA_CERT_FILE} and {CA_KEY_FILE}")
     else:
         ca = create_ca(valid_days=valid_days)
         write_credentials(ca_cert, ca_key, ca)
         written += [ca_cert, ca_key]
-    for node_id, role in nodes:
-        cert_path, key_path = node_paths(directory, node_id)
+    for (node_id, role), (cert_path, key_path) in zip(nodes, paths, strict=True):
         write_credentials(cert_path, key_path, issue_node_certificate(ca, node_id, role, valid_days))
         written += [cert_path, key_path]
     return written
+
+
+# --- checking a node's own credentials before it starts ------------------------------
+
+
+def check_node_credentials(
+    ca_file: Path, cert_file: Path, key_file: Path, node_id: str, role: Role, now: datetime.datetime
+) -> NodeIdentity:
+    """Everything a peer would check about this node's credentials, checked before it starts.
+
+    The CA file holds a CA certificate valid at ``now``; the node certificate was
+    issued by it, is valid at ``now`` and names ``node_id`` and ``role``; the key is
+    the certificate's.  Each failure is a one-line :class:`CcoError`
+    (``INVALID_FIELD``) naming the file: found at start, a wrong file is a clear
+    error instead of a refused handshake that a node would retry for ever."""
+    ca = load_certificate(ca_file)
+    certificate = load_certificate(cert_file)
+    key = load_private_key(key_file)
+    try:
+        constraints = ca.extensions.get_extension_for_class(x509.BasicConstraints).value
+        is_ca = constraints.ca
+    except x509.ExtensionNotFound:
+        is_ca = False
+    if not is_ca:
+        raise CcoError(ErrorCode.INVALID_FIELD, f"{ca_file}: not a CA certificate (use the group's ca.pem)")
+    for path, cert in ((ca_file, ca), (cert_file, certificate)):
+        if now < cert.not_valid_before_utc:
+            raise CcoError(
+                ErrorCode.INVALID_FIELD,
+                f"{path}: not valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC",
+            )
+        if now > cert.not_valid_after_utc:
+            raise CcoError(
+                ErrorCode.INVALID_FIELD, f"{path}: expired on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC"
+            )
+    try:
+        certificate.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        issuer = f"'{certificate.issuer.rfc4514_string()}'"
+        if certificate.issuer == ca.subject:
+            issuer = f"another CA also named {issuer}"
+        raise CcoError(
+            ErrorCode.INVALID_FIELD,
+            f"{cert_file}: not issued by the CA in {ca_file} but by {issuer}; every node of a "
+            "group needs a certificate from the group's CA",
+        ) from None
+    spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    if key.public_key().public_bytes(*spki) != certificate.public_key().public_bytes(*spki):
+        raise CcoError(ErrorCode.INVALID_FIELD, f"{key_file}: not the private key of {cert_file}")
+    try:
+        identity = identity_from_certificate(certificate)
+    except CcoError as exc:
+        raise CcoError(ErrorCode.INVALID_FIELD, f"{cert_file}: {exc.detail}") from None
+    if identity.node_id != node_id:
+        raise CcoError(
+            ErrorCode.INVALID_FIELD,
+            f"{cert_file}: the certificate is for node {identity.node_id!r}, not {node_id!r} (--node-id)",
+        )
+    if identity.role is not role:
+        raise CcoError(
+            ErrorCode.INVALID_FIELD,
+            f"{cert_file}: the certificate is for the {role_name(identity.role)} role, not the "
+            f"{role_name(role)} this node runs as (issue one with `cco-node certs --dir DIR "
+            f"{node_id}:{role_name(role)}`)",
+        )
+    return identity

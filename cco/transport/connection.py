@@ -47,7 +47,8 @@ handshake, and there is no 0-RTT.
 These rely on aioquic internals (checked with 1.7.2, and exercised by the
 transport tests): ``QuicConnection._initialize``,
 ``_get_or_create_stream_for_send``, ``QuicStreamSender._buffer``, ``_local_max_data``,
-``_remote_max_data_used``, ``_loss.bytes_in_flight``, ``_close_event``,
+``_remote_max_data_used``, ``_loss.bytes_in_flight`` (and its RTT fields,
+``_rtt_initialized``, ``_rtt_smoothed``, ``_rtt_latest``), ``_close_event``,
 ``_ack_delay``, ``_spaces``, ``_payload_received``, ``_write_ack_frame``,
 ``_serialize_transport_parameters``, ``_max_datagram_size`` and the TLS
 context's ``_request_client_certificate`` and ``_peer_certificate(_chain)``.
@@ -78,6 +79,7 @@ from aioquic.quic.recovery import QuicPacketSpace
 from aioquic.quic.stream import QuicStream
 
 from cco.transport.certs import NodeIdentity
+from cco.transport.pathstats import PathStats
 from cco.transport.peercheck import verified_identity
 from cco.transport.sendbuffer import SendBuffer
 from cco.transport.udp import split_segments
@@ -159,6 +161,17 @@ class CcoQuicConnection(QuicConnection):
     def bytes_in_flight(self) -> int:
         """Bytes in sent packets that are neither acknowledged nor declared lost."""
         return int(self._loss.bytes_in_flight)
+
+    def path_stats(self) -> PathStats:
+        """aioquic's recovery state: RTTs (zero until the first sample) and window."""
+        loss = self._loss
+        sampled = loss._rtt_initialized
+        return PathStats(
+            smoothed_rtt=float(loss._rtt_smoothed) if sampled else None,
+            latest_rtt=float(loss._rtt_latest) if sampled else None,
+            congestion_window=int(loss.congestion_window),
+            bytes_in_flight=int(loss.bytes_in_flight),
+        )
 
     @property
     def termination(self) -> events.ConnectionTerminated | None:

@@ -62,6 +62,7 @@ from aioquic.tls import AlertDescription
 from cco.transport.backend import QuicLink
 from cco.transport.config import TransportConfig
 from cco.transport.handshake import LocalIdentity, Session, accept_hello_ack, build_hello, negotiate
+from cco.transport.pathstats import PathStats
 from cco.transport.udp import BatchedUdpTransport, SegmentedDatagramProtocol
 from cco.wire.errors import CcoError, DecodeError, ErrorCode
 from cco.wire.framing import FrameDecoder, encode_frame, frame_prefix
@@ -310,6 +311,9 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
             self._quic.send_stream_data(stream_id, piece)
             self._queued_bytes += len(piece)
         self._schedule_transmit()
+
+    def path_stats(self) -> PathStats:
+        return self._cco.path_stats()
 
     def _unsent(self) -> int:
         return self._queued_bytes - self._cco.stream_bytes_sent
@@ -674,6 +678,12 @@ class PeerLink:
         loop's next turn, which may first read and decrypt a whole batch of datagrams.
         Sending several messages and then flushing once keeps them in one transmit."""
         self._protocol.flush()
+
+    def path_stats(self) -> PathStats:
+        """The path as QUIC measures it now: round trip, congestion window, bytes in
+        flight, and the rate they allow.  What a sender sizes its chunks and window
+        by, rather than by fixed settings; cheap enough to read per chunk."""
+        return self._protocol.path_stats()
 
     async def drain(self) -> None:
         """Wait until at most ``send_buffer`` bytes are queued but unsent."""

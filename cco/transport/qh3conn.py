@@ -59,6 +59,22 @@ CcoQuicConnection` (see :class:`~cco.transport.backend.QuicLink`), built on:
    The core's other timers (loss detection, pacing, idle) are never delayed:
    :meth:`Qh3Connection.get_timer` reports the earlier of the two.
 
+8. **A first flight cut short by the amplification limit.**  Until a server has
+   validated its client's address it may send at most three times the bytes it
+   received (RFC 9000, section 8.1).  qh3's core credits the bytes of the packets
+   it reads, not of the datagram: an aioquic client pads its Initial datagram with
+   bytes *after* the packet, so of a 1452-byte datagram the core counts the
+   507-byte packet.  Its first flight (ServerHello, then the Handshake packets
+   with certificates) then outgrows the credit after one datagram, and instead of
+   waiting for more, the core's packet builder fails with "packet builder capacity
+   exhausted".  qh3's ``datagrams_to_send`` lets that error out and drops the
+   datagram it had already built, which the core counts as sent: the handshake
+   waited for the client's probe timeout, twice per connection (about 0.7 s), with
+   an asyncio traceback each time.  :meth:`Qh3Connection.datagrams_to_send` polls
+   the core itself and, before the handshake completes, keeps what the core built
+   and stops there on that error: the rest leaves once the client's next datagram
+   (its ACK) has raised the credit.
+
 What qh3 decides natively and we leave to it: when an ACK is due at once, the send
 buffer, and stream limits (a peer may open 100 bidirectional and 103
 unidirectional streams, more as streams end; aioquic allows 128 of each).
@@ -66,10 +82,11 @@ unidirectional streams, more as streams end; aioquic allows 128 of each).
 Relies on qh3 internals (checked with 2.1.0, exercised by the transport tests run
 with this backend): ``QuicConnection._create_tls``, ``_drain_core``, ``_core``,
 ``_handshake_complete``, ``_close_event``, ``_record_local_stream``,
-``_log_packets``, ``_quic_logger``, ``QuicTlsBridge.tls``, the arguments
+``_log_packets``, ``_log_datagram``, ``_quic_logger``, ``QuicTlsBridge.tls``, the arguments
 qh3's ``_create_tls`` gives the bridge, and the core's name for its delayed-ACK
 timer (``"ack_application"``), its 1 ms delay, and that running it before its time
-puts the ACK in the next packet (item 7; tests check all three).
+puts the ACK in the next packet (item 7; tests check all three); the core's
+``poll_transmit`` and the text of its amplification failure (item 8).
 """
 
 from __future__ import annotations
@@ -83,12 +100,13 @@ from cryptography import x509
 from qh3._hazmat import Buffer, QuicConnectionCore
 from qh3.quic import events as qh3_events
 from qh3.quic.configuration import QuicConfiguration
-from qh3.quic.connection import NetworkAddress, QuicConnection
-from qh3.quic.packet import pull_quic_transport_parameters, push_quic_transport_parameters
+from qh3.quic.connection import NetworkAddress, QuicConnection, QuicConnectionError
+from qh3.quic.packet import QuicErrorCode, pull_quic_transport_parameters, push_quic_transport_parameters
 from qh3.quic.tls_bridge import QuicTlsBridge
 
 from cco.transport.certs import Credentials, NodeIdentity
 from cco.transport.connection import ACK_DELAY
+from cco.transport.pathstats import PathStats
 from cco.transport.peercheck import verified_identity
 from cco.transport.qh3tls import AioquicTls
 
@@ -101,6 +119,8 @@ ACK_HOLD = ACK_DELAY - QH3_ACK_TIMER
 """Seconds an ACK the core wants sent waits here for data to carry it (item 7)."""
 _ACK_TIMER = "ack_application"
 """The kind qh3's core gives its delayed-ACK timer (``get_timer`` returns kind and time)."""
+_BUILDER_EXHAUSTED = "packet builder capacity exhausted"
+"""What qh3's core raises when its next packet does not fit the room it has (item 8)."""
 
 
 _EventClass = type[qh3_events.QuicEvent]
@@ -220,6 +240,29 @@ class _Native(QuicConnection):
             return
         super()._drain_core()
 
+    def poll_datagrams(self, now: float) -> list[tuple[bytes, NetworkAddress]]:
+        """qh3's ``datagrams_to_send``, but keeping what the core built before its
+        amplification failure during the handshake (item 8)."""
+        core = self._core
+        if core is None:
+            return []
+        datagrams = []
+        logged = self._quic_logger is not None
+        while True:
+            try:
+                transmit = core.poll_transmit(now)
+            except RuntimeError as exc:
+                if self._handshake_complete or str(exc) != _BUILDER_EXHAUSTED:
+                    raise QuicConnectionError(QuicErrorCode.INTERNAL_ERROR, None, str(exc)) from exc
+                break  # the rest of the flight waits for more credit
+            if transmit is None:
+                break
+            if logged:
+                self._log_datagram("datagrams_sent", transmit[0])
+                self._log_packets("packet_sent", transmit[0])
+            datagrams.append((transmit[0], transmit[1]))
+        return datagrams
+
     def _log_packets(self, event: str, data: bytes) -> None:
         # qh3 parses every outgoing packet's header in Python to log it, and only then
         # finds that there is no logger: 3% of an aggregator's CPU in a bulk transfer.
@@ -298,6 +341,18 @@ class Qh3Connection:
         core = self._native._core
         return 0 if core is None else core.bytes_in_flight
 
+    def path_stats(self) -> PathStats:
+        """The native core's recovery state (its RTTs are None before a sample)."""
+        core = self._native._core
+        if core is None:
+            return PathStats(smoothed_rtt=None, latest_rtt=None, congestion_window=0, bytes_in_flight=0)
+        return PathStats(
+            smoothed_rtt=core.smoothed_rtt,
+            latest_rtt=core.latest_rtt,
+            congestion_window=core.congestion_window,
+            bytes_in_flight=core.bytes_in_flight,
+        )
+
     @property
     def termination(self) -> aio_events.ConnectionTerminated | None:
         """Why the connection is closing, as soon as that is known."""
@@ -338,7 +393,7 @@ class Qh3Connection:
         if self._waiting:
             self._send_waiting()
         self._ack_held_until = None  # a held ACK leaves in what the core sends now
-        return self._native.datagrams_to_send(now)
+        return self._native.poll_datagrams(now)
 
     def get_timer(self) -> float | None:
         at = self._native.get_timer()

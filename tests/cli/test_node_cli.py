@@ -215,3 +215,69 @@ def test_the_datapath_roles_busy_poll_by_default_and_the_rendezvous_does_not() -
     assert "(default: 1000; 0 for the rendezvous)" in _help_entry(
         next(option for option in OPTIONS if option.name == "busy_poll_us")
     )
+
+
+def test_relative_paths_in_a_config_file_are_relative_to_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A TOML file's relative ``pki_dir`` used to resolve against the working directory."""
+    (tmp_path / "etc").mkdir()
+    config = tmp_path / "etc" / "node.toml"
+    config.write_text(
+        'role = "rendezvous"\npki_dir = "pki"\nstore = "state/rv.sqlite3"\nkey = "/abs/rv.key"\n'
+    )
+    monkeypatch.chdir(tmp_path)
+    resolved = _resolve(["--config", "etc/node.toml"])
+    assert resolved.pki_dir == Path("etc/pki")  # beside the file, from wherever the node starts
+    assert resolved.store == "etc/state/rv.sqlite3"
+    assert resolved.key == Path("/abs/rv.key")
+    assert _resolve(["--config", "etc/node.toml", "--pki-dir", "pki"]).pki_dir == Path("pki")  # flags: cwd
+    config.write_text('role = "rendezvous"\nstore = ":memory:"\n')
+    assert _resolve(["--config", "etc/node.toml"]).store == ":memory:"
+
+
+def test_an_aggregator_does_not_default_onto_the_rendezvous_port() -> None:
+    rendezvous = _resolve(["--role", "rendezvous"]).listen
+    assert _resolve(["--role", "aggregator"]).listen != rendezvous
+    assert _resolve(["--role", "aggregator"]).rendezvous == rendezvous
+
+
+def test_every_cco_variable_is_an_option_or_listed() -> None:
+    """What the rest of CCO reads from ``CCO_*`` is known to the check that refuses
+    unknown variables (else setting it would stop every node)."""
+    from cco.config import OTHER_VARIABLES, check_environment
+    from cco.transport.config import QUIC_BACKEND_ENV
+    from cco.wire.kernels import KERNELS_ENV
+
+    check_environment({KERNELS_ENV: "numpy", QUIC_BACKEND_ENV: "qh3", **dict.fromkeys(OTHER_VARIABLES, "x")})
+    with pytest.raises(CcoError, match=r"CCO_NODEID is not a CCO setting \(did you mean CCO_NODE_ID\?\)"):
+        check_environment({"CCO_NODEID": "x"})
+
+
+def test_the_quic_libraries_chatter_is_shown_at_debug_only() -> None:
+    """aioquic and qh3 log every normal peer close as a WARNING on ``quic``."""
+    import io
+    import json
+    import logging
+
+    from cco.logs import configure_logging
+
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level, logging.getLogger("quic").level)
+    try:
+        stream = io.StringIO()
+        configure_logging("info", "json", stream)
+        logging.getLogger("quic").warning("Native peer close: %r", ("peer_closed", True, 0))
+        logging.getLogger("cco.node").info("joined %s", "ep-0")
+        entries = [json.loads(line) for line in stream.getvalue().splitlines()]
+        shown = [(e["logger"], e["level"], e["message"]) for e in entries]
+        assert shown == [("cco.node", "info", "joined ep-0")]
+        configure_logging("debug", "text", stream)
+        assert logging.getLogger("quic").isEnabledFor(logging.DEBUG)
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in saved[0]:
+            root.addHandler(handler)
+        root.setLevel(saved[1])
+        logging.getLogger("quic").setLevel(saved[2])

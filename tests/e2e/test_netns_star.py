@@ -12,6 +12,7 @@ the tbf sizing and the delay/loss relay are checked everywhere.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import subprocess
 import sys
 import time
@@ -81,6 +82,28 @@ def test_allreduce_across_the_star(tmp_path: Path) -> None:
     for link in stats:  # each rank's contribution went up and the result came down its link
         assert link["up_bytes"] > ROUNDS * ELEMENTS * 4
         assert link["down_bytes"] > ROUNDS * ELEMENTS * 4
+
+
+@needs_namespaces
+@pytest.mark.timeout(120)
+def test_an_unshaped_star_with_gro_switched_carries_an_allreduce(tmp_path: Path) -> None:
+    if shutil.which("ethtool") is None:
+        pytest.skip("ethtool is not installed (apt-get install ethtool): veth GRO cannot be set")
+    spec = netns.StarSpec(endpoints=2, rate_mbit=None, mtu=9000, gro=True, base="ccotest")
+    settings = netns.CcoSettings(max_datagram_size=netns.quic_datagram_size(spec.mtu))
+    with netns.Star(spec) as star:
+        assert [star.gro_state(i) for i in range(2)] == [(True, True)] * 2
+        assert star.link_stats() == [{key: 0 for key in star.link_stats()[0]}] * 2  # no tbf anywhere
+        with netns.CcoCluster(star, tmp_path, 2, settings) as cluster:
+            cluster.start()
+            run = cluster.run(ELEMENTS, ROUNDS, timeout=60)
+        star.set_gro(False)
+        assert [star.gro_state(i) for i in range(2)] == [(False, False)] * 2
+    assert run.bit_identical()
+    cpu = run.rounds_cpu(1)  # the trace followed every node through the rounds
+    assert cpu is not None
+    aggregator, endpoints = cpu
+    assert aggregator >= 0 and len(endpoints) == 2 and all(c >= 0 for c in endpoints)
 
 
 def test_nodes_import_the_named_cco_not_the_callers_directory(

@@ -15,8 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import hashes
 from rendezvous_harness import GID, GRACE, Harness, VersionedHarness, formed
 
+from cco import config
 from cco.localcluster import free_udp_port
 from cco.nodes.events import Command, Input, MessageReceived, PeerDisconnected
 from cco.nodes.rendezvous import DurableState, RendezvousMachine
@@ -30,6 +32,7 @@ from cco.services.store import (
     default_store_path,
 )
 from cco.transport import create_dev_pki
+from cco.transport.certs import CA_CERT_FILE, load_certificate
 from cco.wire.errors import ErrorCode
 from cco.wire.messages import Capabilities, Heartbeat, Leave
 from cco.wire.registries import Collective, DType, ReduceOp, Role
@@ -278,10 +281,11 @@ def test_the_rendezvous_process_keeps_its_store_in_the_default_place(tmp_path: P
         "XDG_STATE_HOME": str(tmp_path / "state")
     }
     argv = ["--role", "rendezvous", "--node-id", "rendezvous", "--pki-dir", str(tmp_path / "pki")]
+    listen = f"127.0.0.1:{free_udp_port()}"
     log = tmp_path / "rendezvous.log"
     with open(log, "w") as handle:
         process = subprocess.Popen(
-            [sys.executable, "-m", "cco.cli", *argv, "--listen", f"127.0.0.1:{free_udp_port()}"],
+            [sys.executable, "-m", "cco.cli", *argv, "--listen", listen],
             stderr=handle,
             env=env,
         )
@@ -292,6 +296,8 @@ def test_the_rendezvous_process_keeps_its_store_in_the_default_place(tmp_path: P
         finally:
             process.send_signal(signal.SIGTERM)
             assert process.wait(15) == 0
-    expected = tmp_path / "state" / "cco" / "rendezvous-rendezvous.sqlite3"
+    ca = load_certificate(tmp_path / "pki" / CA_CERT_FILE).fingerprint(hashes.SHA256()).hex()
+    expected = config.default_store_path("rendezvous", listen, ca, env)
+    assert expected.parent == tmp_path / "state" / "cco"
     assert f"store {expected})" in log.read_text()
     assert RendezvousStore(expected).load() == DurableState()

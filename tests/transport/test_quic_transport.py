@@ -20,7 +20,16 @@ from aioquic.tls import AlertDescription
 from qh3.asyncio.client import connect as qh3_connect
 from qh3.quic.configuration import QuicConfiguration as Qh3Configuration
 
-from cco.transport import LinkClosed, LocalIdentity, PeerLink, Server, TransportConfig, connect, serve
+from cco.transport import (
+    LinkClosed,
+    LocalIdentity,
+    PathStats,
+    PeerLink,
+    Server,
+    TransportConfig,
+    connect,
+    serve,
+)
 from cco.transport.certs import create_dev_pki
 from cco.transport.connection import CcoQuicConnection
 from cco.transport.handshake import negotiate
@@ -1027,3 +1036,32 @@ def test_qlog_and_key_log_are_written(pki: Path, tmp_path: Path) -> None:
         assert {"CLIENT_HANDSHAKE_TRAFFIC_SECRET", "SERVER_TRAFFIC_SECRET_0"} <= labels
 
     run(test)
+
+
+# --- what QUIC measures of the path ---------------------------------------------------
+
+
+def test_each_side_reports_the_path_quic_measured(pki: Path) -> None:
+    async def scenario() -> None:
+        async with server(pki) as (srv, accepted):
+            link = await dial(srv, pki)
+            peer = await asyncio.wait_for(accepted.get(), 5)
+            for index in range(20):  # data both ways: ACKs give each side RTT samples
+                await exchange(link, peer, chunk(GROUP_A, index, elements=4096))
+                await exchange(peer, link, chunk(GROUP_B, index, elements=4096))
+            for side in (link, peer):
+                stats = side.path_stats()
+                assert stats.smoothed_rtt is not None and 0 < stats.smoothed_rtt < 5
+                assert stats.latest_rtt is not None and stats.latest_rtt > 0
+                assert stats.congestion_window >= 2 * 1200
+                assert stats.bytes_in_flight >= 0
+                assert stats.send_rate == stats.congestion_window / stats.smoothed_rtt
+            link.close()
+            await link.wait_closed()
+
+    run(scenario)
+
+
+def test_path_stats_before_any_round_trip_say_so() -> None:
+    stats = PathStats(smoothed_rtt=None, latest_rtt=None, congestion_window=12000, bytes_in_flight=0)
+    assert stats.send_rate is None
