@@ -9,9 +9,10 @@ The client API is available from the top level::
 
 Groups and sessions: GroupSpec, Communicator (asyncio), BlockingCommunicator (threads),
 FallbackAggregator, PartialResult.  Calls and their errors: CollectiveRequest,
-Collective, ReduceOp, DType, Quorum, CcoError, ErrorCode, OperationError,
-NonFiniteError.  Identity: TransportConfig, create_dev_pki, Role.  torch.distributed:
-``import cco.torch`` registers the "cco" backend.
+Collective, ReduceOp, DType, Quorum, CcoError, ErrorCode, OperationError
+(``cco.client.NonFiniteError`` for ``nonfinite="report"``).  Identity: TransportConfig,
+create_dev_pki, Role.  torch.distributed: ``import cco.torch`` registers the "cco"
+backend.
 
 Names are imported on first use, so ``import cco.wire`` (the pure wire layer) does
 not load the QUIC stack.
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
         Communicator,
         FallbackAggregator,
         GroupSpec,
-        NonFiniteError,
         PartialResult,
     )
     from cco.nodes.calls import CollectiveRequest, OperationError
@@ -42,7 +42,6 @@ _EXPORTS = {
     "BlockingCommunicator": "cco.client",
     "GroupSpec": "cco.client",
     "FallbackAggregator": "cco.client",
-    "NonFiniteError": "cco.client",
     "PartialResult": "cco.client",
     "Quorum": "cco.nodes.operation",
     "CollectiveRequest": "cco.nodes.calls",
@@ -67,7 +66,6 @@ __all__ = [
     "ErrorCode",
     "FallbackAggregator",
     "GroupSpec",
-    "NonFiniteError",
     "OperationError",
     "PartialResult",
     "Quorum",

@@ -428,7 +428,7 @@ class Communicator:
         if self._starting is task:
             self._starting = None
 
-    def begin(
+    def _start_call(
         self,
         kind: Collective,
         array: Any = None,
@@ -438,7 +438,7 @@ class Communicator:
         nonfinite: NonFinite | None = None,
         **kw: Any,
     ) -> asyncio.Future[Any]:
-        """Begin any collective: the one entry the named calls below share.  ``nonfinite``
+        """Begin any collective: the one entry the calls below share.  ``nonfinite``
         (SUM, AVG, MIN and MAX of floats; see :data:`NonFinite`) runs the one-byte
         all-gather that tells every rank whether any input was not finite."""
         array, bad = _input(kind, array, op, nonfinite)
@@ -495,7 +495,7 @@ class Communicator:
     def start_all_reduce(
         self, array: Any, op: ReduceOp | str = ReduceOp.SUM, **kw: Any
     ) -> asyncio.Future[Any]:
-        return self.begin(Collective.ALL_REDUCE, array, op, **kw)
+        return self._start_call(Collective.ALL_REDUCE, array, op, **kw)
 
     async def all_reduce(self, array: Any, op: ReduceOp | str = ReduceOp.SUM, **kw: Any) -> np.ndarray:
         """Every rank gets the elementwise reduction of every rank's ``array``.
@@ -515,47 +515,28 @@ class Communicator:
         on every rank; MIN and MAX of floats are exact."""
         return _present(await self.start_all_reduce(array, op, **kw))
 
-    def start_reduce(
-        self, array: Any, root: int, op: ReduceOp | str = ReduceOp.SUM, **kw: Any
-    ) -> asyncio.Future[Any]:
-        return self.begin(Collective.REDUCE, array, op, root=root, **kw)
-
     async def reduce(
         self, array: Any, root: int, op: ReduceOp | str = ReduceOp.SUM, **kw: Any
     ) -> np.ndarray | None:
         """Like all_reduce, but only ``root`` gets the result (others get None)."""
-        result: np.ndarray | None = await self.start_reduce(array, root, op, **kw)
+        result: np.ndarray | None = await self._start_call(Collective.REDUCE, array, op, root=root, **kw)
         return result
-
-    def start_broadcast(self, array: Any, root: int, **kw: Any) -> asyncio.Future[Any]:
-        return self.begin(Collective.BROADCAST, array, root=root, **kw)
 
     async def broadcast(self, array: Any, root: int, **kw: Any) -> np.ndarray:
         """Every rank gets ``root``'s array; other ranks pass an array of the same shape and dtype."""
-        return _present(await self.start_broadcast(array, root, **kw))
-
-    def start_barrier(self, **kw: Any) -> asyncio.Future[Any]:
-        return self.begin(Collective.BARRIER, **kw)
+        return _present(await self._start_call(Collective.BROADCAST, array, root=root, **kw))
 
     async def barrier(self, **kw: Any) -> None:
         """Returns once every rank has entered the barrier."""
-        await self.start_barrier(**kw)
-
-    def start_all_gather(self, array: Any, **kw: Any) -> asyncio.Future[Any]:
-        return self.begin(Collective.ALL_GATHER, array, **kw)
+        await self._start_call(Collective.BARRIER, **kw)
 
     async def all_gather(self, array: Any, **kw: Any) -> np.ndarray:
         """Every rank gets shape ``(world_size, *array.shape)``: row ``r`` is rank ``r``'s array."""
-        return _present(await self.start_all_gather(array, **kw))
-
-    def start_reduce_scatter(
-        self, array: Any, op: ReduceOp | str = ReduceOp.SUM, **kw: Any
-    ) -> asyncio.Future[Any]:
-        return self.begin(Collective.REDUCE_SCATTER, array, op, **kw)
+        return _present(await self._start_call(Collective.ALL_GATHER, array, **kw))
 
     async def reduce_scatter(self, array: Any, op: ReduceOp | str = ReduceOp.SUM, **kw: Any) -> np.ndarray:
         """Each rank gets its equal slice (by rank) of the reduction of every rank's ``array``."""
-        return _present(await self.start_reduce_scatter(array, op, **kw))
+        return _present(await self._start_call(Collective.REDUCE_SCATTER, array, op, **kw))
 
     # --- lifetime ------------------------------------------------------------------
 
@@ -783,10 +764,6 @@ class BlockingCommunicator:
     def members(self) -> frozenset[int]:
         return self._comm.members
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def accept_membership(self) -> frozenset[int]:
         """See :meth:`Communicator.accept_membership`."""
         return self._call(_on_loop(self._comm.accept_membership))
@@ -814,7 +791,8 @@ class BlockingCommunicator:
         nonfinite: NonFinite | None = None,
         **kw: Any,
     ) -> concurrent.futures.Future[Any]:
-        """Begin any collective (see :meth:`Communicator.begin`); its future."""
+        """Begin any collective, with the keywords of the named calls (``root`` for
+        REDUCE and BROADCAST; ``nonfinite`` for reductions); its future."""
         values, bad = _input(kind, array, op, nonfinite)  # on this thread
         ops = reduce_op(op)
         comm = self._comm
@@ -839,42 +817,23 @@ class BlockingCommunicator:
         """See :meth:`Communicator.all_reduce_quorum`."""
         return self._call(self._comm.all_reduce_quorum(array, op, min_ranks=min_ranks, wait=wait, **kw))
 
-    def start_reduce(
-        self, array: Any, root: int, op: ReduceOp | str = ReduceOp.SUM, **kw: Any
-    ) -> concurrent.futures.Future[Any]:
-        return self.start(Collective.REDUCE, array, op, root=root, **kw)
-
     def reduce(
         self, array: Any, root: int, op: ReduceOp | str = ReduceOp.SUM, **kw: Any
     ) -> np.ndarray | None:
-        result: np.ndarray | None = self.start_reduce(array, root, op, **kw).result()
+        result: np.ndarray | None = self.start(Collective.REDUCE, array, op, root=root, **kw).result()
         return result
 
-    def start_broadcast(self, array: Any, root: int, **kw: Any) -> concurrent.futures.Future[Any]:
-        return self.start(Collective.BROADCAST, array, root=root, **kw)
-
     def broadcast(self, array: Any, root: int, **kw: Any) -> np.ndarray:
-        return _present(self.start_broadcast(array, root, **kw).result())
-
-    def start_barrier(self, **kw: Any) -> concurrent.futures.Future[Any]:
-        return self.start(Collective.BARRIER, **kw)
+        return _present(self.start(Collective.BROADCAST, array, root=root, **kw).result())
 
     def barrier(self, **kw: Any) -> None:
-        self.start_barrier(**kw).result()
-
-    def start_all_gather(self, array: Any, **kw: Any) -> concurrent.futures.Future[Any]:
-        return self.start(Collective.ALL_GATHER, array, **kw)
+        self.start(Collective.BARRIER, **kw).result()
 
     def all_gather(self, array: Any, **kw: Any) -> np.ndarray:
-        return _present(self.start_all_gather(array, **kw).result())
-
-    def start_reduce_scatter(
-        self, array: Any, op: ReduceOp | str = ReduceOp.SUM, **kw: Any
-    ) -> concurrent.futures.Future[Any]:
-        return self.start(Collective.REDUCE_SCATTER, array, op, **kw)
+        return _present(self.start(Collective.ALL_GATHER, array, **kw).result())
 
     def reduce_scatter(self, array: Any, op: ReduceOp | str = ReduceOp.SUM, **kw: Any) -> np.ndarray:
-        return _present(self.start_reduce_scatter(array, op, **kw).result())
+        return _present(self.start(Collective.REDUCE_SCATTER, array, op, **kw).result())
 
     def close(self, *, linger: bool = True, timeout: float | None = None) -> None:
         """Leave the group (see :meth:`Communicator.close`); once closed, every call

@@ -37,7 +37,6 @@ from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.registries import Role
 
 WIDTHS = (8, 16, 32, 64)
-NONFINITE_ENV = "CCO_NONFINITE"
 NONFINITE_CHOICES = (*NONFINITE_MODES, "raise")
 DEFAULT_NODE_ID = "ep-{rank}"
 
@@ -59,7 +58,7 @@ class Options:
     default: the dtype's own).  The DDP hook (:mod:`cco.torch.hooks`) chooses its own."""
     nonfinite: NonFinite | Literal["raise"] | None = None
     """What float reductions do with inf and NaN (:data:`cco.client.NonFinite`;
-    ``CCO_NONFINITE``; default ``"propagate"``): the result is NaN on every rank when
+    default ``"propagate"``): the result is NaN on every rank when
     any rank's input held inf or NaN, as GradScaler expects of a step that overflowed;
     ``"raise"`` fails the call on the rank that had one (a value it cannot send)."""
     busy_poll_us: int | None = None
@@ -105,11 +104,7 @@ def settings(
     """Resolve ``options`` over the environment for one process group of this rank."""
     environ = dict(os.environ) if environ is None else environ
     options = options if options is not None else Options()
-    choice = options.nonfinite or environ.get(NONFINITE_ENV, "").strip().lower() or "propagate"
-    if choice not in NONFINITE_CHOICES:
-        raise CcoError(
-            ErrorCode.INVALID_FIELD, f"{NONFINITE_ENV} {choice!r} is not one of {NONFINITE_CHOICES}"
-        )
+    choice = options.nonfinite or "propagate"
     nonfinite: NonFinite | None = (
         "propagate" if choice == "propagate" else "report" if choice == "report" else None
     )

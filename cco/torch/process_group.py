@@ -240,10 +240,12 @@ class ProcessGroupCCO(dist.ProcessGroup):
         root = int(opts.rootRank)
         array = tensors.moved(tensor)
         if root == self.rank():
-            part = self._comm.start_broadcast(array, root, timeout=_timeout(opts))
+            part = self._comm.start(Collective.BROADCAST, array, root=root, timeout=_timeout(opts))
         else:  # the input only says the shape: a zero-strided array of it, no memory
             shape_only = np.broadcast_to(np.zeros((), dtype=array.dtype), array.shape)
-            part = self._comm.start_broadcast(shape_only, root, out=array, timeout=_timeout(opts))
+            part = self._comm.start(
+                Collective.BROADCAST, shape_only, root=root, out=array, timeout=_timeout(opts)
+            )
         return self._work([part], tensors_)
 
     # --- all-gather ------------------------------------------------------------------
@@ -265,7 +267,7 @@ class ProcessGroupCCO(dist.ProcessGroup):
         if tensors.shares_memory(input_, output):  # FSDP2 gathers from inside the output
             array = array.copy()
         out = tensors.moved(output).reshape((world, *array.shape))
-        return self._comm.start_all_gather(array, out=out, timeout=timeout)
+        return self._comm.start(Collective.ALL_GATHER, array, out=out, timeout=timeout)
 
     def _allgather_base(self, output: torch.Tensor, input_: torch.Tensor, opts: Any = None) -> Work:
         return self._work(
@@ -321,7 +323,7 @@ class ProcessGroupCCO(dist.ProcessGroup):
             )
         array = tensors.moved(input_)
         rows = np.empty((self.size(), *array.shape), dtype=array.dtype)
-        part = self._comm.start_all_gather(array, out=rows, timeout=timeout)
+        part = self._comm.start(Collective.ALL_GATHER, array, out=rows, timeout=timeout)
 
         def finish() -> None:
             for output, row in zip(outputs, rows, strict=True):
@@ -403,7 +405,7 @@ class ProcessGroupCCO(dist.ProcessGroup):
     # --- barrier ---------------------------------------------------------------------
 
     def barrier(self, opts: Any = None) -> Work:
-        return self._work([self._comm.start_barrier(timeout=_timeout(opts))], None)
+        return self._work([self._comm.start(Collective.BARRIER, timeout=_timeout(opts))], None)
 
     # --- what CCO does not define ----------------------------------------------------
 

@@ -30,9 +30,9 @@ def test_the_config_file_then_variables_then_pg_options(pki: Path, tmp_path: Pat
     resolved = settings(None, global_rank=1, group_name="0", default_group=True, environ=environ)
     assert (resolved.rendezvous, resolved.width, resolved.node_id) == ("127.0.0.1:5000", 16, "ep-1")
     assert resolved.nonfinite == "propagate" and resolved.group_id is None
-    environ |= {"CCO_RENDEZVOUS": "127.0.0.1:6000", "CCO_WIDTH": "8", "CCO_NONFINITE": "report"}
+    environ |= {"CCO_RENDEZVOUS": "127.0.0.1:6000", "CCO_WIDTH": "8"}
     resolved = settings(None, global_rank=1, group_name="0", default_group=True, environ=environ)
-    assert (resolved.rendezvous, resolved.width, resolved.nonfinite) == ("127.0.0.1:6000", 8, "report")
+    assert (resolved.rendezvous, resolved.width) == ("127.0.0.1:6000", 8)
     options = Options(rendezvous="127.0.0.1:7000", width=32, nonfinite="raise")
     resolved = settings(options, global_rank=1, group_name="0", default_group=True, environ=environ)
     assert (resolved.rendezvous, resolved.width, resolved.nonfinite) == ("127.0.0.1:7000", 32, None)
@@ -60,8 +60,10 @@ def test_a_missing_certificate_or_directory_is_named_with_its_remedy(pki: Path) 
         settings(None, global_rank=7, group_name="0", default_group=True, environ={"CCO_PKI_DIR": str(pki)})
     with pytest.raises(CcoError, match="CCO_PKI_DIR"):
         settings(None, global_rank=0, group_name="0", default_group=True, environ={})
-    with pytest.raises(CcoError, match="CCO_NONFINITE"):
-        settings(None, global_rank=0, group_name="0", default_group=True, environ={"CCO_NONFINITE": "ignore"})
+    with pytest.raises(CcoError, match="CCO_WITDH is not a CCO setting"):  # a misspelled variable is named
+        settings(None, global_rank=0, group_name="0", default_group=True, environ={"CCO_WITDH": "8"})
+    with pytest.raises(ValueError, match="nonfinite"):
+        Options(nonfinite="ignore")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="width"):
         Options(width=12)
 
