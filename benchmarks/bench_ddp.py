@@ -258,7 +258,12 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     parser.add_argument("--batch", type=int, default=64, help="samples per rank per step")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds one configuration may take")
-    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=HERE.parent / "results" / "bench_ddp.json",
+        help="JSON path (default %(default)s)",
+    )
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/cco-bench-ddp"))
     args = parser.parse_args()
     reason = netns.unavailable_reason()
@@ -302,20 +307,20 @@ def main() -> int:
         print(f"{name:<28} {figure:<22} {target:<16}{mark}")
     loads = f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after"
     print(f"{loads} (wall-clock figures want a quiet machine)")
-    if args.json is not None:
-        record = {
-            "benchmark": "bench_ddp",
-            "machine": platform.node(),
-            "star": {"endpoints": args.endpoints, "rate_mbit": args.rate_mbit, "mtu": args.mtu},
-            "steps": args.steps,
-            "warmup": args.warmup,
-            "batch": args.batch,
-            "load_average": [load_before[0], load_after[0]],
-            "results": results,
-            "targets": [{"name": n, "figure": f, "target": t, "met": m} for n, f, t, m in rows],
-        }
-        args.json.write_text(json.dumps(record, indent=2))
-        print(f"wrote {args.json}")
+    record = {
+        "benchmark": "bench_ddp",
+        "machine": platform.node(),
+        "star": {"endpoints": args.endpoints, "rate_mbit": args.rate_mbit, "mtu": args.mtu},
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "batch": args.batch,
+        "load_average": [load_before[0], load_after[0]],
+        "results": results,
+        "targets": [{"name": n, "figure": f, "target": t, "met": m} for n, f, t, m in rows],
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(record, indent=2))
+    print(f"wrote {args.json}")
     return 0 if all(met is not False for *_, met in rows) else 1
 
 
