@@ -198,7 +198,7 @@ def _run_node(argv: list[str]) -> int:
     cfg = resolve(node_parser().parse_args(argv))
     configure_logging(cfg.log_level, cfg.log_format)
     cfg = checked(cfg)
-    from cco.services.roles import run_role
+    from cco.launch import run_role
 
     try:
         return run_role(cfg)

@@ -18,10 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cco.services.polling import MAX_BUSY_POLL_US
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import Struct, UInt
 from cco.wire.messages import AggregatorRegister, GroupParams, JoinRequest
+
+MAX_BUSY_POLL_US = 1_000_000
+"""The largest busy-poll budget a node accepts (``busy_poll_us``): a second of polling
+is already far past any wait that polling shortens (:mod:`cco.services.polling`)."""
 
 
 def parse_hostport(text: str) -> tuple[str, int]:

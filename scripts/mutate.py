@@ -16,7 +16,8 @@ Where they apply depends on the target: in ``mac.py`` and ``cbor.py`` every
 expression of every function is fair game (the whole file is a check); in
 ``payload.py`` and the role machines only the conditions of *refusal paths*: ``if``
 statements whose body raises, refuses, rejects or names an error code, and the
-conditions of ``while`` loops that bound memory.
+conditions of ``while`` loops that bound memory.  In a role's transition tables
+(``*_states.py``) each move's next state is changed to another state of its machine.
 
 Every mutant runs the target's chosen fast tests (``pytest -x``, stopping at the
 first failure) with a per-mutant timeout; a mutant is *killed* when they fail or
@@ -26,7 +27,8 @@ hidden by a stale .pyc, and the target file is restored after every mutant.  The
 report gives the kill rate per file and every survivor, to be judged by hand as
 equivalent (no behaviour changes) or as a missing test.
 
-Usage: ``python scripts/mutate.py [--target cco/wire/cbor.py ...] [--list]``.
+Usage: ``python scripts/mutate.py [--target cco/wire/cbor.py ...] [--role aggregator] [--list]``;
+a role's targets are its machine and the parts it is composed of.
 """
 
 from __future__ import annotations
@@ -55,6 +57,35 @@ class Target:
     tests: tuple[str, ...]
     everything: bool  # mutate every expression, not only refusal conditions
 
+
+AGGREGATOR_TESTS = (
+    "tests/nodes/test_aggregator_registration.py",
+    "tests/nodes/test_aggregator_tree_assignments.py",
+    "tests/nodes/test_aggregator_combining.py",
+    "tests/nodes/test_aggregator_late_and_lost_chunks.py",
+    "tests/nodes/test_aggregator_presence_passes.py",
+    "tests/nodes/test_aggregator_tables.py",
+    "tests/nodes/test_sim_clusters.py",
+)
+"""The aggregator's files (the machine and its parts: group, slots, pending queues) and
+the tests that drive them."""
+
+RENDEZVOUS_TESTS = (
+    "tests/nodes/test_rendezvous_membership.py",
+    "tests/nodes/test_rendezvous_trees.py",
+    "tests/nodes/test_rendezvous_tables.py",
+    "tests/nodes/test_rendezvous_restore.py",
+    "tests/nodes/test_sim_clusters.py",
+)
+ENDPOINT_TESTS = (
+    "tests/nodes/test_endpoint_session.py",
+    "tests/nodes/test_endpoint_collectives.py",
+    "tests/nodes/test_endpoint_calls.py",
+    "tests/nodes/test_endpoint_results_chunk_by_chunk.py",
+    "tests/nodes/test_endpoint_presence_passes.py",
+    "tests/nodes/test_endpoint_tables.py",
+    "tests/nodes/test_sim_clusters.py",
+)
 
 TARGETS = (
     Target(
@@ -87,22 +118,50 @@ TARGETS = (
         ),
         everything=False,
     ),
-    Target(
-        "cco/nodes/aggregator.py",
-        ("tests/nodes/test_aggregator_machine.py", "tests/nodes/test_sim_clusters.py"),
-        False,
+    *(
+        Target(path, AGGREGATOR_TESTS, False)
+        for path in (
+            "cco/nodes/aggregator.py",
+            "cco/nodes/aggregator_group.py",
+            "cco/nodes/aggregator_slots.py",
+            "cco/nodes/aggregator_pending.py",
+            "cco/nodes/aggregator_states.py",
+        )
     ),
-    Target(
-        "cco/nodes/rendezvous.py",
-        ("tests/nodes/test_rendezvous_machine.py", "tests/nodes/test_sim_clusters.py"),
-        False,
+    *(
+        Target(path, RENDEZVOUS_TESTS, False)
+        for path in (
+            "cco/nodes/rendezvous.py",
+            "cco/nodes/rendezvous_trees.py",
+            "cco/nodes/rendezvous_config.py",
+            "cco/nodes/rendezvous_durable.py",
+            "cco/nodes/rendezvous_states.py",
+        )
     ),
-    Target(
-        "cco/nodes/endpoint.py",
-        ("tests/nodes/test_endpoint_machine.py", "tests/nodes/test_sim_clusters.py"),
-        False,
+    *(
+        Target(path, ENDPOINT_TESTS, False)
+        for path in (
+            "cco/nodes/endpoint.py",
+            "cco/nodes/engine.py",
+            "cco/nodes/planning.py",
+            "cco/nodes/membership.py",
+            "cco/nodes/operation.py",
+            "cco/nodes/data_operation.py",
+            "cco/nodes/endpoint_states.py",
+        )
     ),
 )
+
+
+ROLES = {
+    role: tuple(t.path for t in TARGETS if t.tests == tests)
+    for role, tests in (
+        ("aggregator", AGGREGATOR_TESTS),
+        ("rendezvous", RENDEZVOUS_TESTS),
+        ("endpoint", ENDPOINT_TESTS),
+    )
+}
+"""Each role machine's files, as targets: a role's kill count is theirs together."""
 
 
 @dataclass(frozen=True)
@@ -266,12 +325,41 @@ def _splice(source: bytes, node: ast.expr, text: str) -> bytes:
     return source[:start] + text.encode() + source[end:]
 
 
+def _move_targets(tree: ast.Module) -> Iterator[tuple[ast.expr, str, ast.AST | str]]:
+    """Every ``Move(Class.STATE, action)`` of a transition table with its state changed
+    to the next one the class declares (``Class`` possibly an alias such as ``_S``)."""
+    members: dict[str, list[str]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            names = [t.id for stmt in node.body if isinstance(stmt, ast.Assign) for t in stmt.targets]
+            members[node.name] = [n for n in names if isinstance(n, str) and n.isupper()]
+    aliases: dict[str, str] = {name: name for name in members}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Tuple | ast.Name):
+            targets = node.targets[0].elts if isinstance(node.targets[0], ast.Tuple) else node.targets
+            values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
+            for target, value in zip(targets, values, strict=False):
+                if isinstance(target, ast.Name) and isinstance(value, ast.Name) and value.id in members:
+                    aliases[target.id] = value.id
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Move"):
+            continue
+        state = node.args[0] if node.args else None
+        if not (isinstance(state, ast.Attribute) and isinstance(state.value, ast.Name)):
+            continue
+        declared = members.get(aliases.get(state.value.id, ""), [])
+        if state.attr in declared and len(declared) > 1:
+            other = declared[(declared.index(state.attr) + 1) % len(declared)]
+            yield state, "move target changed", f"{state.value.id}.{other}"
+
+
 def mutants(path: str, text: str, everything: bool) -> list[Mutant]:
     source = text.encode()
     tree = ast.parse(source)
     found: list[Mutant] = []
     seen = {text}
-    for node, kind, replacement in _sites(tree, everything):
+    sites = _move_targets(tree) if path.endswith("_states.py") else _sites(tree, everything)
+    for node, kind, replacement in sites:
         after = replacement if isinstance(replacement, str) else f"({ast.unparse(replacement)})"
         mutated = _splice(source, node, after).decode()
         if mutated in seen:
@@ -390,13 +478,17 @@ def mutate_target(work: Path, target: Target, timeout: float | None) -> FileRepo
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", action="append", help="only this file (repeatable); default: all")
+    parser.add_argument(
+        "--role", action="append", choices=sorted(ROLES), help="the files of one role machine (repeatable)"
+    )
     parser.add_argument("--list", action="store_true", help="list the mutants, run nothing")
     parser.add_argument("--timeout", type=float, help="seconds per mutant (default: 4x the unmutated run)")
     parser.add_argument("--json", type=Path, help="also write the report here")
     parser.add_argument("--keep", action="store_true", help="keep the working copy in /tmp")
     args = parser.parse_args(argv)
-    targets = [t for t in TARGETS if not args.target or t.path in args.target]
-    unknown = set(args.target or ()) - {t.path for t in targets}
+    chosen = set(args.target or ()) | {path for role in args.role or () for path in ROLES[role]}
+    targets = [t for t in TARGETS if not chosen or t.path in chosen]
+    unknown = chosen - {t.path for t in targets}
     if unknown:
         parser.error(f"not a target: {', '.join(sorted(unknown))} (targets: {[t.path for t in TARGETS]})")
     if args.list:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cco.nodes.rendezvous import DEFAULT_PARAMS
+from cco.nodes.rendezvous_config import DEFAULT_PARAMS
 from cco.wire import blockscale, payload
 from cco.wire.dtypes import element_type
 from cco.wire.fields import bitmap_from_ranks

@@ -84,10 +84,10 @@ class CollectiveRequest:
     sharing no memory with ``array`` (which the operation reads until it
     completes); the result is then ``out`` itself, its chunks decoded straight into
     it.  A loop that reuses one ``out`` skips a new array per call, whose first
-    writes fault in fresh memory: in a loop of 64 MiB all-reduces on loopback,
-    reusing the result and input arrays took 11% off each endpoint's CPU per round
-    (BENCHMARKS.md).  A rank that gets no result (REDUCE, not the root) leaves it
-    untouched; if the collective fails, its contents are unspecified.
+    writes fault in fresh memory, a large part of a large all-reduce's CPU
+    (``benchmarks/bench_allreduce.py`` measures it).  A rank that gets no result
+    (REDUCE, not the root) leaves it untouched; if the collective fails, its
+    contents are unspecified.
 
     ``timeout`` in seconds bounds the whole operation.  None (the default) is a
     watchdog instead: the operation fails when none of its chunks completes for the

@@ -3,10 +3,10 @@
 A node that waits in ``epoll_wait`` is put to sleep, and a datagram for it must
 wake it: the kernel marks it runnable and, when its core is idle (halted), sends
 that core an interrupt to run it.  On a virtual machine both are exits to the
-hypervisor.  On the two-vCPU host of BENCHMARKS.md, a UDP ping-pong between two
-processes took 59 us a round trip when each slept in ``epoll_wait`` and 9 us when
-each polled (``benchmarks/probes/bench_wakeup.py``), and the 8-byte all-reduce of four
-ranks exchanges eight datagrams a round, each with its wakeup.  The kernel's own busy
+hypervisor.  A UDP ping-pong between two processes is several times quicker when
+each polls than when each sleeps in ``epoll_wait`` (``benchmarks/probes/bench_wakeup.py``
+measures it), and the 8-byte all-reduce of four ranks exchanges eight datagrams a
+round, each with its wakeup.  The kernel's own busy
 polling (``net.core.busy_poll``) serves network cards' queues only, not loopback,
 and is a system setting; this does the same inside the process, for any socket.
 
@@ -26,9 +26,7 @@ import selectors
 import time
 from collections.abc import Callable
 
-MAX_BUSY_POLL_US = 1_000_000
-"""The largest budget accepted: a second of polling is already far past any wait
-that polling shortens."""
+from cco.config import MAX_BUSY_POLL_US
 
 
 def give_way() -> None:

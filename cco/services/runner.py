@@ -140,8 +140,8 @@ class MachineRunner:
         the event loop's next turn once ran after the loop had read the next batch
         of datagrams (up to 64, 1 MiB at 16000 bytes each), so an aggregator's
         Results waited while it decrypted and combined the next chunks, and the
-        endpoints waiting for them left a core idle: 13% of both cores in a 64 MiB
-        all-reduce on loopback, 2 to 4% with the flush.
+        endpoints waiting for them left a core idle (``benchmarks/bench_allreduce.py``
+        measures a large all-reduce on loopback).
 
         Without ``flush`` (inputs handed over while a batch of datagrams is being
         read, see :class:`_LinkListener`), the links transmit once that batch is

@@ -47,13 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from cco.nodes.events import Command, Input
-from cco.nodes.rendezvous import (
-    DurableAggregator,
-    DurableGroup,
-    DurableMember,
-    DurableState,
-    RendezvousMachine,
-)
+from cco.nodes.rendezvous import RendezvousMachine
+from cco.nodes.rendezvous_durable import DurableAggregator, DurableGroup, DurableMember, DurableState
 from cco.nodes.rendezvous_states import GroupState, MemberState
 from cco.nodes.tree import AggregatorInfo, AggregatorPlacement, PlanStrategy, TreePlan
 from cco.wire import cbor

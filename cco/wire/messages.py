@@ -54,7 +54,9 @@ _NODE_ID = Text(min_len=1, max_len=255)
 _RANK = UInt(maximum=MAX_WORLD_SIZE - 1)
 _WORLD_SIZE = UInt(minimum=1, maximum=MAX_WORLD_SIZE)
 _RANK_BITMAP = Bitmap(max_len=MAX_WORLD_SIZE // 8)
-_DETAIL = Text(max_len=1024)
+MAX_DETAIL = 1024
+"""Bytes of UTF-8 in a detail text (Error, JoinReject, Abort); see :func:`clip_detail`."""
+_DETAIL = Text(max_len=MAX_DETAIL)
 _LABELS = ListOf(Text(min_len=1, max_len=64), max_items=16)
 _U32 = UInt(maximum=(1 << 32) - 1)
 _U64 = UInt()
@@ -282,6 +284,16 @@ def highest_rank(bitmap: bytes) -> int:
     return (len(bitmap) - 1) * 8 + bitmap[-1].bit_length() - 1
 
 
+def clip_detail(detail: str) -> str:
+    """``detail`` cut to whole characters within what a detail field carries
+    (:data:`MAX_DETAIL` bytes of UTF-8), so that a long explanation never makes its
+    own Error unsendable."""
+    encoded = detail.encode("utf-8")
+    if len(encoded) <= MAX_DETAIL:
+        return detail
+    return encoded[:MAX_DETAIL].decode("utf-8", "ignore")
+
+
 # chunk_count and chunk_length run several times per chunk message (validation, the
 # nodes), so they clamp with comparisons: Python 3.11's min and max parse keyword
 # arguments on every call, which made each of these about three times slower.
@@ -305,12 +317,30 @@ ROOTED_KINDS = frozenset({Collective.REDUCE, Collective.BROADCAST})
 """Kinds whose chunks name their root rank (a module constant: on Python 3.11 each
 enum member looked up on its class is an attribute miss that costs a call)."""
 
-_last_valid: ChunkMessage | None = None
-"""The chunk message that last passed :meth:`ChunkMessage.validate` (see there)."""
+
+class ChunkShape:
+    """What a chunk's shape fields give, for the messages that carry a chunk and the
+    headers that name one (:class:`cco.wire.payload.ChunkHeader`)."""
+
+    __slots__ = ()
+    total_elements: int
+    chunk_elements: int
+    chunk_index: int
+    block_elements: int | None
+
+    @property
+    def element_count(self) -> int:
+        """Elements in this chunk."""
+        return chunk_length(self.total_elements, self.chunk_elements, self.chunk_index)
+
+    @property
+    def block_count(self) -> int:
+        """Blocks (and attestation integers) of a block-scaled chunk; 0 otherwise."""
+        return 0 if self.block_elements is None else block_count(self.element_count, self.block_elements)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ChunkMessage(Message):
+class ChunkMessage(Message, ChunkShape):
     """Fields shared by every message that carries one chunk of an operation's data.
 
     ``payload`` holds ``chunk_length(...)`` integers, little-endian two's complement,
@@ -349,25 +379,17 @@ class ChunkMessage(Message):
     quorum: int | None = wire(18, _WORLD_SIZE, optional=True)
     wait_ms: int | None = wire(19, UInt(minimum=1, maximum=86_400_000), optional=True)
 
-    @property
-    def element_count(self) -> int:
-        return chunk_length(self.total_elements, self.chunk_elements, self.chunk_index)
-
-    @property
-    def block_count(self) -> int:
-        """Blocks of a block-scaled chunk (0 for other chunks)."""
-        return 0 if self.block_elements is None else block_count(self.element_count, self.block_elements)
-
     def validate(self, where: str, encoding: bool) -> None:
-        """The cross-field checks, skipped for the message that last passed them.
+        """The cross-field checks; a message that passed them on its way out carries a
+        mark saying so.
 
         The payload layer validates each chunk message it builds, and encoding it
         validates it again: a message is immutable and the checks depend on nothing
         else, so the same object passes again, whatever ``where`` and ``encoding``
-        (which only word an error).  The message is held, so its identity cannot be
-        reused by another one."""
-        global _last_valid
-        if self is _last_valid:
+        (which only word an error).  A copy made with :func:`dataclasses.replace` is a
+        new object, checked anew.  A decoded message carries no mark: it is what its
+        ``__init__`` would build."""
+        if getattr(self, "_valid", False):
             return
         if self.width not in ELEMENT_WIDTHS:
             raise invalid(where, f"width {self.width} is not one of {ELEMENT_WIDTHS}", encoding)
@@ -399,7 +421,8 @@ class ChunkMessage(Message):
                 encoding,
             )
         self._validate_quorum(where, encoding)
-        _last_valid = self
+        if encoding:
+            object.__setattr__(self, "_valid", True)  # in the instance dict: not a wire field
 
     def _validate_quorum(self, where: str, encoding: bool) -> None:
         """members, quorum and wait_ms: ALL_REDUCE only; quorum and wait_ms together, and

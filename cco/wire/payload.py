@@ -3,7 +3,9 @@
 An endpoint turns its tensor into wire integers (:mod:`cco.wire.codec`, or
 :mod:`cco.wire.blockscale` for floats under SUM and AVG), cuts them into chunks and
 seals each one with a homomorphic tag (:func:`seal`).  Aggregators, which hold no
-key, add chunks exactly and add their tags (:func:`combine`).  An endpoint accepts
+key, add chunks exactly and add their tags (:func:`combine`; :class:`Aggregate` as
+the parts arrive).  A chunk's identity is its :class:`ChunkHeader`, which carries
+what checking it found, and :func:`chunk_key` compares a message with it.  An endpoint accepts
 a result only after the range, bitmap, tag and attestation checks
 (:func:`open_verified`), then turns the integers back into its dtype.  The pieces
 live in one module per idea: ``modp`` (exact F_p arithmetic), ``mac`` (keys,
@@ -13,22 +15,21 @@ wire integers), ``packing`` (integers to bytes) and ``chunking``.
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import hmac
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
 import numpy as np
 
-from cco.wire import cbor
-from cco.wire.blockscale import block_count
+from cco.wire import cbor, kernels
 from cco.wire.codec import decode_values, encode_values, wire_length
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap
 from cco.wire.mac import CoefficientCache, GroupKeys, contribution_tag, derive_group_keys, expected_tag
-from cco.wire.messages import ChunkMessage, Contribution, chunk_length
+from cco.wire.messages import ChunkMessage, ChunkShape, Contribution
 from cco.wire.modp import P
 from cco.wire.ops import OPS, check_operation, inconsistency, scaling_problem
 from cco.wire.packing import (
@@ -46,21 +47,26 @@ from cco.wire.registries import MAX_WORLD_SIZE, Collective, DType, ReduceOp
 
 __all__ = [
     "RANGE_BOUND",
+    "Aggregate",
     "ChunkHeader",
     "GroupKeys",
+    "check_encoding",
+    "check_part",
+    "chunk_key",
     "combine",
     "contribution_bound",
     "decode_values",
     "derive_group_keys",
     "encode_values",
     "open_verified",
+    "retype",
     "seal",
     "wire_length",
 ]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ChunkHeader:
+class ChunkHeader(ChunkShape):
     """The fields that identify a chunk; all of them are bound into its tag.
 
     ``width``, ``block_elements`` and ``scales`` are set for block-scaled chunks
@@ -68,6 +74,10 @@ class ChunkHeader:
     whatever width their integers need, which is not part of their identity.
     ``members``, ``quorum`` and ``wait_ms`` are set for the chunks of a quorum
     ALL_REDUCE only (its presence pass, and the operations it decides).
+
+    A header carries what :meth:`checked` found, so whoever keeps a header (an
+    operation its chunks', an aggregator slot its chunk's) checks it and encodes its
+    chunk id once, however many messages of the chunk it seals, combines or opens.
     """
 
     group_id: bytes
@@ -86,21 +96,35 @@ class ChunkHeader:
     members: bytes | None = None
     quorum: int | None = None
     wait_ms: int | None = None
+    _facts: _Facts | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def of(cls, message: ChunkMessage) -> ChunkHeader:
+        """The header of the chunk ``message`` is a part or the result of."""
         width = message.width if message.block_elements is not None else None
-        return _header(_identity(message), width)
+        return cls(**dict(zip(_IDENTITY, _identity(message), strict=True)), width=width)
 
-    @property
-    def element_count(self) -> int:
-        """Elements in this chunk."""
-        return chunk_length(self.total_elements, self.chunk_elements, self.chunk_index)
+    def checked(self) -> _Facts:
+        """This header :meth:`check`-ed, with its chunk id and counts; worked out once
+        (a header that fails its checks raises every time)."""
+        facts = self._facts
+        if facts is None:
+            self.check()
+            facts = _Facts(
+                chunk_key(self),
+                dict(zip(_IDENTITY, _identity(self), strict=True)),
+                self.chunk_id(),
+                self.element_count,
+                self.integer_count,
+                OPS[self.op].verifiable,
+            )
+            object.__setattr__(self, "_facts", facts)
+        return facts
 
-    @property
-    def block_count(self) -> int:
-        """Blocks (and attestation integers) of a block-scaled chunk; 0 otherwise."""
-        return 0 if self.block_elements is None else block_count(self.element_count, self.block_elements)
+    def names(self, message: ChunkMessage) -> bool:
+        """Whether ``message`` is a part or the result of this header's chunk."""
+        facts = self._facts
+        return chunk_key(message) == (chunk_key(self) if facts is None else facts.key)
 
     @property
     def integer_count(self) -> int:
@@ -170,27 +194,33 @@ _IDENTITY = (
     "wait_ms",
 )
 _identity = attrgetter(*_IDENTITY)
-"""The identifying fields of a header or chunk message besides width, as a tuple
-(fast to compare)."""
+_before_kind = attrgetter(*_IDENTITY[:3])
+_after_dtype = attrgetter(*_IDENTITY[6:])
 
-HEADERS_KEPT = 64
-"""Headers :func:`_header` and :func:`_checked` remember.  Every part of a chunk and
-its Result repeat the chunk's header, and a process has a few windows of chunks in
-flight at most; a header not remembered is only built and checked again."""
+ChunkKey = tuple[Any, ...]
+"""A chunk's identity as a tuple of plain values: its identifying fields in the order
+of ``_IDENTITY`` (kind, op and dtype as their code points), then its width if the
+chunk is block-scaled (else None).  A message is a part or the result of the chunk
+whose header has the same key."""
 
 
-@functools.lru_cache(maxsize=HEADERS_KEPT)
-def _header(identity: tuple[Any, ...], width: int | None) -> ChunkHeader:
-    """The header of the chunks whose identifying fields are ``identity``, built once
-    for all the messages of a chunk: building a frozen dataclass of 16 fields costs
-    about 4 us, as much as checking a small chunk's tag."""
-    return ChunkHeader(**dict(zip(_IDENTITY, identity, strict=True)), width=width)
+def chunk_key(chunk: ChunkMessage | ChunkHeader) -> ChunkKey:
+    """The identity of the chunk ``chunk`` is (a message) or names (a header)."""
+    return (
+        *_before_kind(chunk),
+        int(chunk.kind),
+        int(chunk.op),
+        int(chunk.dtype),
+        *_after_dtype(chunk),
+        chunk.width if chunk.block_elements is not None else None,
+    )
 
 
 @dataclass(frozen=True, slots=True)
-class _Checked:
+class _Facts:
     """What the payload functions need of a header that passed :meth:`ChunkHeader.check`."""
 
+    key: ChunkKey
     fields: dict[str, Any]
     """The identifying fields, as keyword arguments of a chunk message."""
     chunk_id: bytes
@@ -199,28 +229,10 @@ class _Checked:
     verifiable: bool
 
 
-@functools.lru_cache(maxsize=HEADERS_KEPT)
-def _checked(header: ChunkHeader) -> _Checked:
-    """``header`` checked, and its chunk id and counts, once per header.
-
-    The checks and the chunk id are functions of the header's fields alone, and a
-    chunk's header comes back with each of its parts (the aggregator checks it in
-    every combine) and its Result, so the work is done for the first of them only.
-    A header that fails its checks is not remembered: it raises every time."""
-    header.check()
-    return _Checked(
-        dict(zip(_IDENTITY, _identity(header), strict=True)),
-        header.chunk_id(),
-        header.element_count,
-        header.integer_count,
-        OPS[header.op].verifiable,
-    )
-
-
 def _message(
-    cls: type[ChunkMessage], checked: _Checked, ranks: bytes, width: int, payload: bytes, tag: int | None
+    cls: type[ChunkMessage], facts: _Facts, ranks: bytes, width: int, payload: bytes, tag: int | None
 ) -> ChunkMessage:
-    message = cls(**checked.fields, contributors=ranks, width=width, payload=payload, tag=tag)
+    message = cls(**facts.fields, contributors=ranks, width=width, payload=payload, tag=tag)
     message.validate(cls.__name__, encoding=True)
     return message
 
@@ -260,7 +272,7 @@ def seal(
     is verifiable.  OVERFLOW if a tagged value leaves [-B, B] or a block-scaled one
     its width.  The tag's coefficients are kept in ``coefficients``, for verifying
     the chunk's aggregate with :func:`open_verified`."""
-    checked = _checked(header)
+    checked = header.checked()
     if not 0 <= rank < MAX_WORLD_SIZE:
         raise CcoError(ErrorCode.INVALID_FIELD, f"rank {rank} is out of range")
     if header.kind is Collective.BROADCAST and rank != header.root:
@@ -282,21 +294,23 @@ def seal(
 
 
 def combine(parts: Sequence[ChunkMessage], cls: type[ChunkMessage]) -> ChunkMessage:
-    """The exact combination of chunks with disjoint contributors, keyless.
+    """The exact combination of chunks with disjoint contributors, keyless, in one go.
 
     Integers combine with the op (exactly; a sum never wraps), tags add mod p,
-    bitmaps OR.  The result is the same bytes whatever the order of ``parts``.
+    bitmaps OR.  The result is the same bytes whatever the order of ``parts``.  Every
+    part is checked before any is added; an aggregator that takes parts as they come
+    builds the same message with :class:`Aggregate`.
     """
     if not parts:
         raise CcoError(ErrorCode.INVALID_FIELD, "nothing to combine")
-    identity = _identity(parts[0])
+    key = chunk_key(parts[0])[:-1]
     for part in parts[1:]:
-        other = _identity(part)
-        if other != identity:
-            differ = [name for name, a, b in zip(_IDENTITY, identity, other, strict=True) if a != b]
+        other = chunk_key(part)[:-1]
+        if other != key:
+            differ = [name for name, a, b in zip(_IDENTITY, key, other, strict=True) if a != b]
             raise CcoError(ErrorCode.OPERATION_MISMATCH, f"chunks differ in {', '.join(differ)}")
     header = ChunkHeader.of(parts[0])
-    checked = _checked(header)
+    checked = header.checked()
     if header.width is not None and any(part.width != header.width for part in parts):
         raise CcoError(ErrorCode.OPERATION_MISMATCH, "block-scaled chunks differ in width")
     semantics = OPS[header.op]
@@ -331,16 +345,136 @@ def combine(parts: Sequence[ChunkMessage], cls: type[ChunkMessage]) -> ChunkMess
 
 
 def check_part(message: ChunkMessage) -> None:
-    """What :func:`combine` checks of each part, for a chunk combined later: an
-    aggregator keeps the first part of a slot as it is, and refuses here what combine
-    would refuse (header, contributors, tag, input range), so that the child at fault
-    is the one refused."""
-    header = ChunkHeader.of(message)
-    checked = _checked(header)
-    _contributor_bits(message)
-    _check_tag(message, header)
-    if checked.verifiable:
-        _check_input_range(_payload(message, checked.integer_count))
+    """What :func:`combine` checks of each part (header, contributors, tag, input
+    range), for a chunk that goes on as it is: the child at fault is the one refused."""
+    Aggregate(message)
+
+
+class Aggregate:
+    """The exact combination of one chunk's parts, built as they arrive: what
+    :func:`combine` returns for the same parts, whatever their order.
+
+    The first part is kept as it is (a chunk with one part goes on unchanged); from
+    the second, the integers are added into one int64 array in place, the tags into
+    their sum and the contributors into one bitmap, and :meth:`message` packs them
+    once, when the chunk is complete.  Each part is refused as :func:`combine` would
+    refuse it, and a refused part leaves the aggregate as it was: another chunk, or
+    another width of a block-scaled one (OPERATION_MISMATCH), contributors already in
+    (DUPLICATE_CONTRIBUTION), a missing or stray tag, a payload that does not fit
+    the header (INVALID_FIELD), an input or a running combination outside [-B, B] or
+    the fixed width (OVERFLOW).  The range of the running combination is known from
+    a bound on it (the parts' widths, or their measured extremes where the width is
+    fixed), so it is measured only when the bound alone cannot clear it.
+    """
+
+    __slots__ = ("_bits", "_bound", "_facts", "_first", "_header", "_limit", "_tag", "_total")
+
+    def __init__(self, first: ChunkMessage) -> None:
+        header = ChunkHeader.of(first)
+        facts = header.checked()
+        self._bits = _contributor_bits(first)
+        _check_tag(first, header)
+        self._bound = 0  # of |every integer| of the running combination, once there is one
+        if facts.verifiable:
+            values = _payload(first, facts.integer_count)
+            _check_input_range(values)
+            self._bound = self._part_bound(values, header.width)
+        self._header = header
+        self._facts = facts
+        self._first: ChunkMessage | None = first
+        self._total: np.ndarray | None = None
+        self._tag = first.tag
+        width = header.width
+        self._limit = RANGE_BOUND if width is None else min(RANGE_BOUND, (1 << (8 * width - 1)) - 1)
+
+    @property
+    def header(self) -> ChunkHeader:
+        return self._header
+
+    @property
+    def contributors(self) -> int:
+        """The ranks in so far, as the integer of their bitmap."""
+        return self._bits
+
+    @property
+    def held_bytes(self) -> int:
+        """Memory held for the chunk: the first part's payload, then the int64 sums."""
+        if self._total is not None:
+            return int(self._total.nbytes)
+        assert self._first is not None
+        return len(self._first.payload)
+
+    def add(self, part: ChunkMessage) -> None:
+        """Combine ``part`` in, or refuse it (CcoError) and change nothing."""
+        header, facts = self._header, self._facts
+        key = chunk_key(part)
+        if key[:-1] != facts.key[:-1]:
+            differ = [name for name, a, b in zip(_IDENTITY, facts.key, key, strict=False) if a != b]
+            raise CcoError(ErrorCode.OPERATION_MISMATCH, f"chunks differ in {', '.join(differ)}")
+        if header.width is not None and part.width != header.width:
+            raise CcoError(ErrorCode.OPERATION_MISMATCH, "block-scaled chunks differ in width")
+        bits = _contributor_bits(part)
+        if self._bits & bits:
+            twice = sorted(ranks_from_bitmap((self._bits & bits).to_bytes(len(part.contributors), "little")))
+            raise CcoError(ErrorCode.DUPLICATE_CONTRIBUTION, f"ranks {twice} are in two chunks")
+        _check_tag(part, header)
+        total = self._total
+        if total is None:
+            assert self._first is not None
+            total_values = _payload(self._first, facts.integer_count)
+        values = _payload(part, facts.integer_count)
+        semantics = OPS[header.op]
+        if not semantics.verifiable:  # MIN, MAX and the bitwise ops never leave the range of their inputs
+            if total is None:
+                total = total_values.astype(np.int64)
+            semantics.combine(total, values, out=total)
+        else:  # SUM and AVG: integers add
+            _check_input_range(values)
+            bound = self._bound + self._part_bound(values, header.width)
+            if bound <= self._limit and total is None:  # the first part, widened once a second comes
+                total = np.add(total_values, values, dtype=np.int64)
+            elif total is not None and bound <= self._limit:
+                np.add(total, values, out=total)
+            else:  # the bound cannot clear it: the combination itself decides
+                if total is None:
+                    total = total_values.astype(np.int64)
+                lo, hi = kernels.accumulate(total, values)
+                if (error := _range_error(lo, hi, header.width, "the combination")) is not None:
+                    np.subtract(total, values, out=total)  # exact: both within 2^62
+                    raise error
+                bound = max(-lo, hi)
+            self._bound = bound
+        self._total = total
+        self._first = None
+        self._bits |= bits
+        if part.tag is not None and self._tag is not None:
+            self._tag = (self._tag + part.tag) % P
+
+    def message(self, cls: type[ChunkMessage]) -> ChunkMessage:
+        """The combination as one message of class ``cls``, built once."""
+        if self._total is None:
+            assert self._first is not None
+            return retype(self._first, cls)
+        header, total = self._header, self._total
+        width = header.width if header.width is not None else minimal_width(*extremes(total))
+        ranks = self._bits.to_bytes((self._bits.bit_length() + 7) // 8, "little")
+        return _message(cls, self._facts, ranks, width, narrow(total, width).tobytes(), self._tag)
+
+    @staticmethod
+    def _part_bound(values: np.ndarray, width: int | None) -> int:
+        """A bound on |every integer| of a part: its width's, or measured where the
+        chunk's width is fixed (the width alone would not clear a sum of two)."""
+        if width is None and values.dtype.itemsize < 8:
+            return 1 << (8 * values.dtype.itemsize - 1)
+        lo, hi = extremes(values)
+        return max(-lo, hi)
+
+
+def retype(message: ChunkMessage, cls: type[ChunkMessage]) -> ChunkMessage:
+    """The same chunk as another message class (a lone part goes on as the aggregate)."""
+    if type(message) is cls:
+        return message
+    return cls(**{f.name: getattr(message, f.name) for f in dataclasses.fields(message)})
 
 
 def _contributor_bits(part: ChunkMessage) -> int:
@@ -415,6 +549,7 @@ def open_verified(
     own: tuple[int, np.ndarray] | None = None,
     at_least: int | None = None,
     coefficients: CoefficientCache | None = None,
+    header: ChunkHeader | None = None,
 ) -> np.ndarray:
     """The chunk's int64 element integers once every check passed.
 
@@ -429,10 +564,15 @@ def open_verified(
     raise ``VERIFICATION_FAILED`` with that word first in the detail.  A chunk not
     written at its smallest width (other than a block-scaled one, whose width is
     fixed) is ``INVALID_FIELD``.  The tag's coefficients are taken from
-    ``coefficients`` when :func:`seal` kept them there.
+    ``coefficients`` when :func:`seal` kept them there.  ``header`` is the header of
+    the chunk the caller expects, if it keeps one (its checks and chunk id are then
+    not worked out again); a message of another chunk is ``OPERATION_MISMATCH``.
     """
-    header = ChunkHeader.of(message)
-    checked = _checked(header)
+    if header is None:
+        header = ChunkHeader.of(message)
+    elif not header.names(message):
+        raise CcoError(ErrorCode.OPERATION_MISMATCH, "the chunk is not the one expected")
+    checked = header.checked()
     ranks = ranks_from_bitmap(message.contributors)
     extra, missing = sorted(ranks - expected), sorted(expected - ranks)
     if extra or (missing and (at_least is None or len(ranks) < at_least)):

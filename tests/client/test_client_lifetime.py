@@ -19,7 +19,8 @@ import pytest
 
 from cco.client import OFF_LOOP_ELEMENTS, Communicator, GroupSpec
 from cco.nodes.aggregator import AggregatorConfig, AggregatorMachine
-from cco.nodes.rendezvous import GroupStatus, RendezvousConfig, RendezvousMachine
+from cco.nodes.rendezvous import RendezvousConfig, RendezvousMachine
+from cco.nodes.rendezvous_status import GroupStatus
 from cco.services.node import NodeService
 from cco.transport import TransportConfig, create_dev_pki
 from cco.wire.errors import CcoError, ErrorCode

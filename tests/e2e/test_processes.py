@@ -17,8 +17,8 @@ import pytest
 import reference
 from logcheck import log_problems
 
+from cco.jobs import WORKLOAD_SEED
 from cco.localcluster import ClusterSpec, LocalCluster
-from cco.services.roles import WORKLOAD_SEED
 from cco.wire.blockscale import DEFAULT_BLOCK_ELEMENTS
 from cco.wire.registries import Collective, DType, ReduceOp
 from cco.workload import Case, conformance_cases, exact_reduce, make_input

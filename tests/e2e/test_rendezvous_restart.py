@@ -26,7 +26,8 @@ from logcheck import log_problems
 from rendezvous_harness import formed
 
 from cco.localcluster import ClusterSpec, LocalCluster
-from cco.nodes.rendezvous import LOSS_INTERVALS, RESUME_REDIAL_GAP
+from cco.nodes.liveness import LOSS_INTERVALS
+from cco.nodes.rendezvous_config import RESUME_REDIAL_GAP
 from cco.services.store import RendezvousStore
 
 RANKS = 4

@@ -18,12 +18,9 @@ import pytest
 from rendezvous_harness import GID, GRACE, INTERVAL, VersionedHarness, formed, only, sent_to
 
 from cco.nodes.events import PeerConnected, PeerDisconnected
-from cco.nodes.rendezvous import (
-    DEFAULT_PARAMS,
-    DurableState,
-    RendezvousConfig,
-    RendezvousMachine,
-)
+from cco.nodes.rendezvous import RendezvousConfig, RendezvousMachine
+from cco.nodes.rendezvous_config import DEFAULT_PARAMS
+from cco.nodes.rendezvous_durable import DurableState
 from cco.nodes.rendezvous_states import GroupState, MemberState
 from cco.wire.errors import ErrorCode
 from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap

@@ -21,7 +21,8 @@ from rendezvous_harness import GID, GRACE, Harness, VersionedHarness, formed
 from cco import config
 from cco.localcluster import free_udp_port
 from cco.nodes.events import Command, Input, MessageReceived, PeerDisconnected
-from cco.nodes.rendezvous import DurableState, RendezvousMachine
+from cco.nodes.rendezvous import RendezvousMachine
+from cco.nodes.rendezvous_durable import DurableState
 from cco.services.store import (
     APPLICATION_ID,
     MEMORY,

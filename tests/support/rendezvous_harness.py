@@ -23,20 +23,15 @@ from cco.nodes.events import (
     SendMessage,
     TimerFired,
 )
-from cco.nodes.rendezvous import (
-    DEFAULT_PARAMS,
-    LOSS_INTERVALS,
-    RESUME_REDIAL_GAP,
-    DurableState,
-    GroupConfig,
-    GroupStatus,
-    RendezvousConfig,
-    RendezvousMachine,
-)
+from cco.nodes.liveness import LOSS_INTERVALS
+from cco.nodes.rendezvous import GroupConfig, RendezvousConfig, RendezvousMachine
+from cco.nodes.rendezvous_config import DEFAULT_PARAMS, RESUME_REDIAL_GAP
+from cco.nodes.rendezvous_durable import DurableState
 from cco.nodes.rendezvous_states import (
     GroupState,
     MemberState,
 )
+from cco.nodes.rendezvous_status import GroupStatus
 from cco.nodes.tree import ENDPOINT_ADDRESS, AggregatorInfo, MemberInfo, fan_in_bound, plan_tree
 from cco.wire.errors import CcoError
 from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap

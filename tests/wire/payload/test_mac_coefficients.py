@@ -16,7 +16,7 @@ import pytest
 from cco.nodes import sim
 from cco.nodes.calls import CollectiveRequest
 from cco.nodes.events import OperationCompleted
-from cco.nodes.rendezvous import DEFAULT_PARAMS
+from cco.nodes.rendezvous_config import DEFAULT_PARAMS
 from cco.wire import mac
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.messages import Result
@@ -248,5 +248,5 @@ def test_an_endpoint_verifies_every_result_with_the_coefficients_it_sealed(
         np.testing.assert_array_equal(outcome.result, sum(arrays.values()))
     assert taken == [True] * 12
     for rank in range(4):
-        cache = deployment.endpoint(group.group_id, rank)._coefficients
-        assert cache is not None and len(cache) == 0
+        joined = deployment.endpoint(group.group_id, rank)._joined
+        assert joined is not None and len(joined.membership.coefficients) == 0

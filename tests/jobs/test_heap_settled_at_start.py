@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from cco import launch
 from cco.config import NodeConfig
-from cco.services import roles
 
 
 @pytest.fixture
@@ -36,10 +36,10 @@ def test_a_node_exempts_its_start_up_objects_but_not_what_it_makes_later(
         seen.append(tracked(made_while_serving[0]))
         return 0
 
-    monkeypatch.setitem(roles.ROLE_MAINS, "endpoint", role_main)
+    monkeypatch.setitem(launch.ROLE_MAINS, "endpoint", role_main)
     assert tracked(built_at_start)
     values = {"log_level": "info", "busy_poll_us": 0, "elements": 2}
-    assert roles.run_role(NodeConfig(role="endpoint", values=values)) == 0
+    assert launch.run_role(NodeConfig(role="endpoint", values=values)) == 0
     assert seen == [False, True]
     assert gc.get_freeze_count() > 0
 
@@ -68,9 +68,9 @@ def test_an_endpoint_loads_its_compiled_loops_before_its_start_up_objects_are_ex
     async def role_main(cfg: NodeConfig) -> int:
         return 0
 
-    monkeypatch.setattr(roles.kernels, "preload", preload)
-    monkeypatch.setattr(roles, "settle_heap", lambda: order.append("settle"))
-    monkeypatch.setitem(roles.ROLE_MAINS, role, role_main)
+    monkeypatch.setattr(launch.kernels, "preload", preload)
+    monkeypatch.setattr(launch, "settle_heap", lambda: order.append("settle"))
+    monkeypatch.setitem(launch.ROLE_MAINS, role, role_main)
     values = {"log_level": "info", "busy_poll_us": 0, "elements": elements}
-    assert roles.run_role(NodeConfig(role=role, values=values)) == 0
+    assert launch.run_role(NodeConfig(role=role, values=values)) == 0
     assert order == (["preload", "settle"] if preloads else ["settle"])

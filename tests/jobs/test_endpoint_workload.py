@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from cco import jobs
 from cco.client import PartialResult
 from cco.nodes.operation import Quorum
-from cco.services import roles
 from cco.wire.registries import DType, ReduceOp
 from cco.workload import make_input
 
@@ -65,23 +65,23 @@ def run_rounds(
 
         return noted
 
-    monkeypatch.setattr(roles, "make_input", noting("draw", roles.make_input))
-    monkeypatch.setattr(roles, "_digest", noting("hash", roles._digest))
+    monkeypatch.setattr(jobs, "make_input", noting("draw", jobs.make_input))
+    monkeypatch.setattr(jobs, "_digest", noting("hash", jobs._digest))
     monkeypatch.setattr(os, "sched_yield", noting("yield", lambda: None))
     monkeypatch.setattr(comm, "barrier", noting("barrier", comm.barrier))
-    summary = asyncio.run(roles._allreduce_rounds(comm, rounds, elements, DType.FLOAT32, None, quorum))  # type: ignore[arg-type]
+    summary = asyncio.run(jobs._allreduce_rounds(comm, rounds, elements, DType.FLOAT32, None, quorum))  # type: ignore[arg-type]
     return summary, seen
 
 
 def check_records(summary: dict[str, Any], elements: int, rounds: int) -> None:
     assert [record["round"] for record in summary["rounds"]] == list(range(rounds))
     for index, record in enumerate(summary["rounds"]):
-        expected = make_input(roles.WORKLOAD_SEED, index, 1, DType.FLOAT32, elements) * 3
+        expected = make_input(jobs.WORKLOAD_SEED, index, 1, DType.FLOAT32, elements) * 3
         assert record["sha256"] == hashlib.sha256(expected.tobytes()).hexdigest()
         assert record["bytes"] == 4 * elements
 
 
-@pytest.mark.parametrize("elements", [2, roles.PREDRAWN_BYTES // 4 // 3])
+@pytest.mark.parametrize("elements", [2, jobs.PREDRAWN_BYTES // 4 // 3])
 def test_a_small_run_draws_before_its_first_call_and_hashes_after_its_last(
     elements: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -97,7 +97,7 @@ def test_a_small_run_draws_before_its_first_call_and_hashes_after_its_last(
 
 
 def test_a_large_run_hashes_and_draws_between_calls_on_a_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    elements = roles.PREDRAWN_BYTES // 4 // 3 + 1  # three rounds are one element over the bound
+    elements = jobs.PREDRAWN_BYTES // 4 // 3 + 1  # three rounds are one element over the bound
     summary, seen = run_rounds(elements, 3, monkeypatch)
     assert seen == [
         ("draw", "worker", 0),
@@ -140,7 +140,7 @@ def test_each_round_prints_its_progress_line_in_one_write(monkeypatch: pytest.Mo
     """One write per line: on an unbuffered stdout (``PYTHONUNBUFFERED``) each write is
     a system call, and ``print`` made two (the line, then its newline)."""
     out = Writes()
-    monkeypatch.setattr(roles.sys, "stdout", out)
+    monkeypatch.setattr(jobs.sys, "stdout", out)
     run_rounds(2, 3, monkeypatch)
     assert len(out.calls) == 3
     for index, line in enumerate(out.calls):

@@ -1,4 +1,4 @@
-"""How an endpoint node's workload meets SIGINT/SIGTERM (cco/services/roles.py).
+"""How an endpoint node's workload meets SIGINT/SIGTERM (cco/jobs.py).
 
 When a whole job is stopped, the first rank to leave fails the collective the
 others had in flight; a rank can read that failure in the same turn of the event
@@ -13,7 +13,7 @@ import asyncio
 
 import pytest
 
-from cco.services.roles import _unless_stopped
+from cco.jobs import _unless_stopped
 from cco.wire.errors import CcoError, ErrorCode
 
 

@@ -1,0 +1,590 @@
+"""The operations of one membership at an endpoint: the window, the pump and the
+outstanding chunks, and what happens to each chunk that comes back.
+
+* At most ``GroupParams.window`` chunks of the session are outstanding at a time,
+  across all its operations in call order; a chunk stops being outstanding when its
+  result comes back, so the tree's memory per group stays bounded by window x chunk
+  size (SwitchML's self-clocking).  Each chunk is sealed when the window lets it
+  leave, under the epoch current at that moment.
+* Every Result or BroadcastData chunk is verified (:func:`payload.open_verified`)
+  against the ranks that must have contributed and against this rank's own
+  contribution, then decoded straight into the result and remembered by a digest;
+  an operation completes once every chunk is verified.
+* A tree that fails (a re-planned epoch, a lost parent, an Abort saying so)
+  interrupts operations instead of failing them: they start again from this rank's
+  input in the next tree, within their deadline.  A chunk whose result is half a
+  timeout overdue is sent again, and an aggregator answers with the Result it kept.
+* A scale pass's result is its data operation's scales, a presence pass's
+  contributors are the members its operations run over; a pass that fails fails its
+  data operation, which is what the caller sees.
+
+Every operation moves along :data:`~cco.nodes.endpoint_states.OPERATION_TABLE`, and
+every failure reaches the caller as :class:`OperationFailed` carrying an
+:class:`~cco.nodes.calls.OperationError` that names the group, the operation, the
+collective and, when anyone knows them, the ranks that did not contribute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict
+
+import numpy as np
+
+from cco.nodes.calls import TREE_FAILURES, EndpointConfig, OperationError
+from cco.nodes.data_operation import DataOperation
+from cco.nodes.deadlines import earlier
+from cco.nodes.endpoint_states import OPERATION_TABLE, OperationAction, OperationEvent, OperationState
+from cco.nodes.events import Command, OperationCompleted, OperationFailed, SendMessage
+from cco.nodes.membership import Membership
+from cco.nodes.operation import WireOperation, digest
+from cco.nodes.parent import ParentLink
+from cco.nodes.passes import PresencePass, ScalePass
+from cco.nodes.planning import Prepared
+from cco.nodes.replies import ranks_text
+from cco.wire import payload
+from cco.wire.errors import CcoError, ErrorCode
+from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap
+from cco.wire.messages import (
+    Abort,
+    BroadcastData,
+    ChunkMessage,
+    Contribution,
+    Result,
+    RetransmitRequest,
+    clip_detail,
+)
+from cco.wire.ops import CONSISTENCY_OPS
+from cco.wire.packing import unpack
+from cco.wire.registries import Collective
+
+_FINISHED = (OperationState.COMPLETED, OperationState.FAILED)
+_HELD_BACK = (OperationState.QUEUED, OperationState.SENDING)
+_WHOLE_GROUP = (Collective.ALL_GATHER, Collective.REDUCE_SCATTER)  # need every rank
+
+
+class OperationEngine:
+    """Every wire operation of one membership in flight, in call order."""
+
+    def __init__(self, config: EndpointConfig, membership: Membership, parent: ParentLink) -> None:
+        self._early_limit = config.early_limit
+        self._membership = membership
+        self._parent = parent
+        self.ready = False
+        """Whether chunks may leave: the session is READY (its parent connected, its tree current)."""
+        self.next_op_id = 0
+        self.outstanding = 0
+        """Chunks sent whose result has not come back, across all operations."""
+        self._ops: OrderedDict[int, WireOperation] = OrderedDict()
+        self._early: dict[int, list[ChunkMessage | Abort]] = {}
+        self._early_count = 0
+        self._recent: OrderedDict[tuple[int, int], ChunkMessage] = OrderedDict()
+        """The last 2 x window chunks this rank sealed (their payload at its width: a few
+        MiB at most), to seal again for a rank that restarts an operation this one
+        completed (see :meth:`resend`)."""
+
+    # --- observation ----------------------------------------------------------
+
+    def state_of(self, op_id: int) -> OperationState | None:
+        op = self._ops.get(op_id)
+        return op.state if op else None
+
+    def operation(self, op_id: int) -> WireOperation | None:
+        return self._ops.get(op_id)
+
+    @property
+    def kept_chunks(self) -> list[tuple[int, int]]:
+        return list(self._recent)
+
+    def deadline(self, earliest: float | None) -> float | None:
+        for op in self._ops.values():
+            earliest = earlier(earliest, op.deadline)
+            if op.outstanding:
+                earliest = earlier(earliest, min(op.outstanding.values()) + op.timeout / 2)
+        return earliest
+
+    # --- starting -------------------------------------------------------------
+
+    def start(self, prepared: Prepared, now: float) -> tuple[int, list[Command]]:
+        """Begin a planned call; its op_id and what to send now.  A value that cannot be
+        encoded consumes the op_ids and fails the operation, so that every rank's op_id
+        sequence stays aligned."""
+        membership = self._membership
+        request = prepared.request
+        if len(membership.members) < membership.world_size and request.kind in _WHOLE_GROUP:
+            raise CcoError(
+                ErrorCode.UNSUPPORTED_FEATURE,
+                f"{request.kind.name} needs every rank of {membership.world_size}; "
+                f"members are {ranks_text(membership.members)}",
+            )
+        operation = prepared.operation
+        scaled = prepared.width is not None
+        first = self.next_op_id  # the call's first wire operation: its presence or scale pass, if any
+        presence_id = first if request.quorum is not None else None
+        scale_id = first + (presence_id is not None) if scaled else None
+        self.next_op_id += 1 + (presence_id is not None) + (scale_id is not None)
+        op_id = self.next_op_id - 1
+        refusal = membership.refusal(op_id, request.kind)
+        if refusal is not None:
+            return op_id, [OperationFailed(op_id, refusal)]
+        operation.op_id = op_id
+        operation.deadline = now + operation.timeout
+        if operation.total >= 0 and not operation.members:
+            # plan() sized it under these parameters; only the members are of now
+            operation.members = membership.members
+        prepared.compute()
+        if prepared.error is not None:
+            return op_id, self._refuse_start(first, op_id, request.kind, prepared.error)
+        passes: list[WireOperation] = []
+        if operation.scaling is not None:
+            assert scale_id is not None
+            passes.append(ScalePass.of(scale_id, operation))
+        if request.quorum is not None:
+            assert presence_id is not None
+            presence = PresencePass.of(presence_id, operation, request.quorum, membership.accepted)
+            presence.decides = tuple(p.op_id for p in [*passes, operation])
+            for gated in [*passes, operation]:
+                gated.gated = True
+            passes.insert(0, presence)
+        out = self._begin([*passes, operation], now)
+        if operation.state not in _FINISHED:
+            out += self.pump(now)
+        return op_id, out
+
+    def _begin(self, operations: list[WireOperation], now: float) -> list[Command]:
+        """Register a call's wire operations, then replay what arrived for them before
+        they started (a presence pass that completes so decides the ones after it)."""
+        for operation in operations:
+            self._ops[operation.op_id] = operation
+            if operation.source is None:
+                self._apply(operation, OperationEvent.ALL_SENT)
+        out: list[Command] = []
+        for operation in operations:
+            early = self._early.pop(operation.op_id, [])
+            self._early_count -= len(early)
+            for message in early:
+                if operation.state in _FINISHED:
+                    break
+                out += self._on_op_message(operation, message, now)
+        return out
+
+    def _refuse_start(self, first: int, op_id: int, kind: Collective, error: CcoError) -> list[Command]:
+        """An operation whose input cannot be encoded: fail it, and tell the tree so
+        the other ranks fail at once instead of waiting for this rank.  The Abort names
+        ``first``, the first wire operation of the call (its scale pass, if any)."""
+        membership = self._membership
+        rank = membership.rank
+        out: list[Command] = []
+        if self.ready and self._parent.peer is not None:
+            abort = Abort(
+                group_id=membership.group_id,
+                epoch=membership.epoch,
+                op_id=first,
+                code=error.code,
+                detail=clip_detail(f"rank {rank}: {error.detail}"),
+                missing=bitmap_from_ranks([rank]),
+            )
+            out.append(SendMessage(self._parent.peer, abort))
+        failure = OperationError(
+            error.code,
+            error.detail,
+            group_id=membership.group_id,
+            op_id=op_id,
+            kind=kind,
+            missing_ranks=frozenset({rank}),
+        )
+        return [*out, OperationFailed(op_id, failure)]
+
+    # --- sending --------------------------------------------------------------
+
+    def pump(self, now: float) -> list[Command]:
+        """Send chunks, oldest operation first, while the window has room."""
+        parent = self._parent.peer
+        if not self.ready or parent is None:
+            return []
+        window = self._membership.params.window
+        out: list[Command] = []
+        for op in list(self._ops.values()):
+            if op.ready:
+                out += self._send_chunks(op, parent, window, now)
+            if op.state in _HELD_BACK:
+                break  # later operations wait behind this one: chunks leave in call order
+        return out
+
+    def _send_chunks(self, op: WireOperation, parent: str, window: int, now: float) -> list[Command]:
+        """Send ``op``'s next chunks while the window has room."""
+        out: list[Command] = []
+        while op.source is not None and op.next_chunk < op.chunks and self.outstanding < window:
+            try:
+                message = self._seal(op, op.next_chunk)
+            except CcoError as error:
+                return out + self._input_changed(op, op.next_chunk, error)
+            out.append(SendMessage(parent, message))
+            op.outstanding[op.next_chunk] = now
+            self.outstanding += 1
+            op.next_chunk += 1
+            self._apply(op, OperationEvent.SENT if op.next_chunk < op.chunks else OperationEvent.ALL_SENT)
+        return out
+
+    def _seal(self, op: WireOperation, index: int) -> ChunkMessage:
+        membership = self._membership
+        if op.epoch is None:
+            op.epoch = membership.epoch
+            op.members = op.listed if op.listed is not None else membership.members
+        cls: type[ChunkMessage] = BroadcastData if op.broadcast else Contribution
+        sealed = payload.seal(
+            membership.keys,
+            op.header(membership.group_id, index, op.epoch),
+            membership.rank,
+            op.chunk_values(index),
+            cls,
+            membership.coefficients,
+        )
+        self._recent[(op.op_id, index)] = sealed
+        self._recent.move_to_end((op.op_id, index))
+        while len(self._recent) > 2 * membership.params.window:
+            self._recent.popitem(last=False)
+        return sealed
+
+    def resend(self, request: RetransmitRequest, now: float) -> list[Command]:
+        """Send the listed chunks again: sealing is deterministic, so each copy is
+        identical to the first and an aggregator that has it recognises it.
+
+        A chunk of an operation this rank already completed is asked for when the
+        tree failed after this rank got its result but before another rank did:
+        that rank starts the operation again in the new epoch and cannot finish
+        without this rank's part.  The last sealed chunks are kept for that and
+        sealed again, the same integers under the new epoch's chunk ids."""
+        op = self._ops.get(request.op_id)
+        if op is None:
+            return self._seal_again(request)
+        if op.epoch != request.epoch:
+            return []
+        return self._resend(op, set(request.chunks), now)
+
+    def _seal_again(self, request: RetransmitRequest) -> list[Command]:
+        membership = self._membership
+        parent = self._parent.peer
+        if parent is None or not self._parent.up or request.epoch != membership.epoch:
+            return []
+        out: list[Command] = []
+        for index in sorted(set(request.chunks)):
+            kept = self._recent.get((request.op_id, index))
+            if kept is None or kept.epoch >= request.epoch:
+                continue
+            header = dataclasses.replace(payload.ChunkHeader.of(kept), epoch=request.epoch)
+            values = unpack(kept.payload, kept.width).astype(np.int64)
+            again = payload.seal(membership.keys, header, membership.rank, values, type(kept))
+            out.append(SendMessage(parent, again))
+        return out
+
+    def _resend(self, op: WireOperation, chunks: set[int], now: float) -> list[Command]:
+        parent = self._parent.peer
+        if parent is None or not self._parent.up:
+            return []
+        out: list[Command] = []
+        for index in sorted(chunks & op.outstanding.keys()):
+            op.outstanding[index] = now
+            try:
+                message = self._seal(op, index)
+            except CcoError as error:
+                return out + self._input_changed(op, index, error)
+            out.append(SendMessage(parent, message))
+            self._apply(op, OperationEvent.RESENT)
+        return out
+
+    # --- what comes back --------------------------------------------------------
+
+    def on_message(self, message: Result | BroadcastData | Abort, now: float) -> list[Command]:
+        """A chunk or an Abort from the parent, for an operation in flight (or one this
+        rank has not started yet: a broadcast root may run ahead of a receiver)."""
+        op = self._ops.get(message.op_id)
+        if op is None:
+            if message.op_id >= self.next_op_id and self._early_count < self._early_limit:
+                self._early.setdefault(message.op_id, []).append(message)
+                self._early_count += 1
+            return []  # finished operations ignore late traffic
+        return self._on_op_message(op, message, now)
+
+    def _on_op_message(self, op: WireOperation, message: ChunkMessage | Abort, now: float) -> list[Command]:
+        if message.epoch != (op.epoch if op.epoch is not None else self._membership.epoch):
+            return []  # another epoch's traffic: the operation runs (again) in this one
+        if isinstance(message, Abort):
+            if message.code in TREE_FAILURES:
+                self._interrupt(op, f"aborted by the tree: {message.detail}")
+                return []
+            missing = ranks_from_bitmap(message.missing) if message.missing is not None else None
+            detail = f"aborted by the tree: {message.detail}"
+            return self._finish_failed(
+                op, OperationEvent.ABORTED, message.code, detail, missing, tell_tree=False
+            )
+        return self._on_chunk(op, message, now)
+
+    def _on_chunk(self, op: WireOperation, message: ChunkMessage, now: float) -> list[Command]:
+        index = message.chunk_index
+        if op.chunks == 0:  # a broadcast receiver without an array learns the size here
+            membership = self._membership
+            op.size(message.total_elements, membership.params.chunk_elements, membership.members)
+        try:
+            if index in op.verified:
+                self._check_copy(op, message)
+                del op.headers[index]  # built again by _check_header: verified chunks keep none
+                self._apply(op, OperationEvent.DUPLICATE)
+                return []
+            values = self._verify(op, message)
+        except CcoError as error:
+            detail = f"chunk {index}: {error.detail}"
+            return self._finish_failed(op, OperationEvent.BAD_CHUNK, error.code, detail, None, tell_tree=True)
+        op.epoch = message.epoch
+        op.verified[index] = digest(message)
+        del op.headers[index]  # built by _check_header, if not already by _seal
+        self._progress(op, now)
+        op.decode(index, values)
+        if index in op.outstanding:
+            del op.outstanding[index]
+            self.outstanding -= 1
+        if len(op.verified) < op.chunks:
+            self._apply(op, OperationEvent.CHUNK)
+            return self.pump(now)
+        return self._complete(op) + self.pump(now)
+
+    def _check_header(self, op: WireOperation, message: ChunkMessage) -> payload.ChunkHeader:
+        """The operation's header of the chunk; refuses a chunk that is not one of this
+        operation's (another op, epoch or shape)."""
+        expected_type = BroadcastData if op.broadcast else Result
+        wanted = op.header(self._membership.group_id, message.chunk_index, message.epoch)
+        if not isinstance(message, expected_type) or not wanted.names(message):
+            header = payload.ChunkHeader.of(message)
+            raise CcoError(
+                ErrorCode.OPERATION_MISMATCH,
+                f"{type(message).__name__} {header} does not match the operation {wanted}",
+            )
+        return wanted
+
+    def _check_copy(self, op: WireOperation, message: ChunkMessage) -> None:
+        """A second copy of a verified chunk must carry the same integers (compared by
+        digest: the verified integers themselves are not kept)."""
+        payload.check_encoding(message, self._check_header(op, message))
+        if digest(message) != op.verified[message.chunk_index]:
+            raise CcoError(
+                ErrorCode.DUPLICATE_CONTRIBUTION, f"a different copy of verified chunk {message.chunk_index}"
+            )
+
+    def _verify(self, op: WireOperation, message: ChunkMessage) -> np.ndarray:
+        """The chunk's integers if it is the chunk this operation expects and it verifies."""
+        header = self._check_header(op, message)
+        membership = self._membership
+        expected = op.members
+        if op.broadcast:
+            assert op.root is not None
+            expected = frozenset({op.root})
+        own = None
+        if op.op in CONSISTENCY_OPS and op.source is not None:
+            own = (membership.rank, op.chunk_values(message.chunk_index))
+        at_least = op.quorum.min_ranks if isinstance(op, PresencePass) else None
+        values = payload.open_verified(
+            membership.keys, message, expected, own, at_least, membership.coefficients, header
+        )
+        if isinstance(op, PresencePass):
+            op.note_contributors(message)
+        return values
+
+    def _progress(self, op: WireOperation, now: float) -> None:
+        """A chunk completed: a watchdog deadline (no explicit timeout) moves on, for
+        this operation and for the data operation its pass serves."""
+        for moving in (op, self._served(op)):
+            if moving is not None and moving.watchdog:
+                moving.deadline = max(moving.deadline, now + moving.timeout)
+
+    def _served(self, op: WireOperation) -> DataOperation | None:
+        """The data operation a pass serves, while it is in flight."""
+        if isinstance(op, ScalePass | PresencePass) and self._ops.get(op.data.op_id) is op.data:
+            return op.data
+        return None
+
+    def _complete(self, op: WireOperation) -> list[Command]:
+        result: np.ndarray | None = None
+        if op.receives:
+            if op.decode_error is not None:
+                detail = f"decoding: {op.decode_error.detail}"
+                return self._finish_failed(
+                    op, OperationEvent.BAD_CHUNK, op.decode_error.code, detail, None, tell_tree=False
+                )
+            assert op.result is not None
+            if isinstance(op, PresencePass):  # its contributors decide the members
+                self._apply(op, OperationEvent.LAST_CHUNK)
+                for decided in op.decides:
+                    if (gated := self._ops.get(decided)) is not None:
+                        gated.decide(op.contributors, op)
+                        if gated.source is None:
+                            self._apply(gated, OperationEvent.ALL_SENT)
+                return []
+            if isinstance(op, ScalePass):  # its result is the data operation's scales
+                self._apply(op, OperationEvent.LAST_CHUNK)
+                data = self._served(op)
+                if data is not None and data.scaling is not None:
+                    data.agree(op.result)
+                return []
+            assert isinstance(op, DataOperation)
+            result = op.shaped_result()
+        self._apply(op, OperationEvent.LAST_CHUNK)
+        return [OperationCompleted(op.op_id, result, op.listed)]
+
+    # --- ending ---------------------------------------------------------------
+
+    def _input_changed(self, op: WireOperation, index: int, error: CcoError) -> list[Command]:
+        """Chunk ``index`` encoded at start() but no longer does: the caller changed the
+        array before the operation completed.  Fail the operation, and tell the tree so
+        the other ranks fail at once instead of waiting for this rank."""
+        detail = f"chunk {index}: the input changed before the operation completed: {error.detail}"
+        missing = frozenset({self._membership.rank})
+        return self._finish_failed(op, OperationEvent.BAD_CHUNK, error.code, detail, missing, tell_tree=True)
+
+    def _finish_failed(
+        self,
+        op: WireOperation,
+        event: OperationEvent,
+        code: ErrorCode,
+        detail: str,
+        missing: frozenset[int] | None,
+        *,
+        tell_tree: bool,
+    ) -> list[Command]:
+        """Fail one operation; release its window share; optionally tell the tree.
+
+        A pass fails the data operation it serves (which is what the caller sees); a
+        data operation takes its unfinished passes with it."""
+        if self._ops.get(op.op_id) is not op:
+            return []  # already ended, with its pass or its data operation
+        self._apply(op, event)
+        out: list[Command] = []
+        membership = self._membership
+        parent = self._parent.peer
+        if tell_tree and self._parent.up and parent is not None and op.epoch is not None:
+            abort = Abort(
+                group_id=membership.group_id,
+                epoch=op.epoch,
+                op_id=op.op_id,
+                code=code,
+                detail=clip_detail(f"rank {membership.rank}: {detail}"),
+                missing=bitmap_from_ranks(missing) if missing else None,
+            )
+            out.append(SendMessage(parent, abort))
+        if isinstance(op, ScalePass | PresencePass):
+            data = self._served(op)
+            if data is None:
+                return out
+            # Other ranks may have finished their pass already: they hear of this
+            # failure through an Abort of the data operation.
+            data.epoch = op.epoch
+            failure = f"{'presence' if isinstance(op, PresencePass) else 'scale'} pass: {detail}"
+            return out + self._finish_failed(data, event, code, failure, missing, tell_tree=tell_tree)
+        for wire_pass in [
+            p for p in self._ops.values() if isinstance(p, ScalePass | PresencePass) and p.data is op
+        ]:
+            self._apply(wire_pass, OperationEvent.LOST)
+        out.append(OperationFailed(op.op_id, self._error(op, code, detail, missing)))
+        return out
+
+    def _error(
+        self, op: WireOperation, code: ErrorCode, detail: str, missing: frozenset[int] | None
+    ) -> OperationError:
+        return OperationError(
+            code,
+            detail,
+            group_id=self._membership.group_id,
+            op_id=op.op_id,
+            kind=op.kind,
+            missing_ranks=missing,
+            missing_chunks=tuple(op.missing_chunks()),
+        )
+
+    def fail_all(self, code: ErrorCode, detail: str, missing: frozenset[int] | None) -> list[Command]:
+        """Fail every operation in flight (the tree they used is gone) and forget early data."""
+        out: list[Command] = []
+        for op in list(self._ops.values()):
+            out += self._finish_failed(op, OperationEvent.LOST, code, detail, missing, tell_tree=False)
+        for queued in self._early.values():
+            self._early_count -= len(queued)
+        self._early.clear()
+        return out
+
+    def interrupt_all(self, why: str) -> None:
+        for op in list(self._ops.values()):
+            self._interrupt(op, why)
+
+    def _interrupt(self, op: WireOperation, why: str) -> None:
+        """The tree ``op`` ran in failed: forget its progress and wait for the next tree,
+        where it starts again from this rank's own input (new epoch, new chunk ids: no
+        integer of the old tree is counted or accepted again).  Its deadline stands.
+
+        A block-scaled operation also runs its scale pass again, so that every rank
+        agrees on its scales in the same tree, whatever it had received before."""
+        if op.interrupted is not None:
+            return
+        op.interrupted = why
+        self._apply(op, OperationEvent.RESTART)
+        if isinstance(op, DataOperation) and op.scaling is not None and op.scaling.agreed is not None:
+            op.agree(None)
+            agreement = ScalePass.of(op.op_id - 1, op)
+            if op.listed is not None:
+                agreement.decide(op.listed, op.presence)
+            self._again(agreement, why)
+        presence = op.presence
+        if (
+            presence is not None
+            and presence.op_id not in self._ops
+            and self._membership.rank in (op.listed or ())
+        ):
+            # A rank that lost the decision with the tree starts its presence pass again:
+            # this rank, a member of the decided set, takes part again, so that the
+            # new pass decides the same members (the decision itself is kept here).
+            assert isinstance(presence, PresencePass)
+            data = op if isinstance(op, DataOperation) else presence.data
+            self._again(PresencePass.of(presence.op_id, data, presence.quorum, presence.members), why)
+
+    def _again(self, wire_pass: WireOperation, why: str) -> None:
+        """A pass this rank had completed, to run again in the next tree, in call order."""
+        wire_pass.interrupted = why
+        self._ops[wire_pass.op_id] = wire_pass
+        self._ops = OrderedDict(sorted(self._ops.items()))  # call order, for the window
+
+    def resume_all(self) -> None:
+        """A tree is ready: interrupted operations start again (in the current epoch)."""
+        for op in self._ops.values():
+            if op.interrupted is not None:
+                op.interrupted = None
+                if op.source is None:
+                    self._apply(op, OperationEvent.ALL_SENT)  # a broadcast receiver only waits
+
+    def on_timer(self, now: float) -> list[Command]:
+        out: list[Command] = []
+        for op in list(self._ops.values()):
+            # A result overdue by half the timeout may have been lost with a connection:
+            # ask again by sending the chunk again (an aggregator answers a copy of a
+            # completed chunk with its Result), and again every half timeout after.
+            overdue = {i for i, sent in op.outstanding.items() if sent + op.timeout / 2 <= now}
+            if overdue:
+                out += self._resend(op, overdue, now)
+        for op in [op for op in self._ops.values() if op.deadline <= now]:
+            detail = f"no verified result for chunks {op.missing_chunks()} after {op.timeout:g}s"
+            if op.interrupted is not None:
+                detail += f" (waiting for a new tree since: {op.interrupted})"
+            out += self._finish_failed(
+                op, OperationEvent.DEADLINE, ErrorCode.TIMEOUT, detail, None, tell_tree=True
+            )
+        return out
+
+    def _apply(self, op: WireOperation, event: OperationEvent) -> None:
+        """Move ``op`` along the operation table and do what the move says."""
+        move = OPERATION_TABLE.fire(op.state, event)
+        op.state = move.target
+        action = move.action
+        if action is OperationAction.KEEP:  # first: most moves are a chunk's
+            return
+        self.outstanding -= len(op.outstanding)
+        if action is OperationAction.RELEASE:
+            del self._ops[op.op_id]
+            op.outstanding.clear()
+        else:
+            op.forget_progress()
