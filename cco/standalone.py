@@ -18,13 +18,13 @@ does); ``CCO_RENDEZVOUS`` and ``CCO_PKI_DIR`` are set as well, for library code
 a loopback address send 16000-byte datagrams, as loopback allows and a real link does
 not; their logs are ``DIR/rendezvous.log`` and ``DIR/agg-<i>.log``.
 
-Two group settings differ from a node's defaults, for training processes: the
+One group setting differs from a node's defaults, for training processes: the
 collective timeout is torch's default process-group timeout (30 minutes) rather than
 30 s, since it bounds how long one rank may go without calling the collective the
-others are in (an evaluation pass on rank 0, a checkpoint); and heartbeats go every 5 s,
-a member being lost after three missed, as torchelastic's rendezvous keeps its nodes:
-a process that starts torch, or trains beside other jobs on busy cores, can stall its
-CCO thread for longer than three of a node's default 1 s intervals.
+others are in (an evaluation pass on rank 0, a checkpoint).  The liveness window is
+the rendezvous's default (15 s, :data:`cco.wire.messages.DEFAULT_LIVENESS_MS`):
+a process that starts torch, or trains beside other jobs on busy cores, may stall for
+seconds without losing its place; ``--liveness-ms`` changes it.
 
 Several machines (see ``docs`` in the README): run this on the machine the others
 reach, with ``--listen`` on its address, issue the certificates every rank needs
@@ -53,6 +53,7 @@ from typing import IO
 from cco.config import parse_hostport
 from cco.transport import create_dev_pki
 from cco.wire.errors import CcoError, ErrorCode
+from cco.wire.messages import DEFAULT_LIVENESS_MS
 from cco.wire.registries import Role
 
 LOOPBACK_DATAGRAM_SIZE = 16000
@@ -62,8 +63,9 @@ link takes the nodes' own default, which fits a 1500-byte MTU."""
 TORCH_DEFAULT_TIMEOUT_MS = 30 * 60 * 1000
 """torch.distributed's default process-group timeout, for the group's collectives."""
 
-HEARTBEAT_MS = 5000
-"""torchelastic's keep-alive interval (a node is dead after three missed)."""
+HEARTBEAT_MS = 1000
+"""Heartbeats every second, as any node: the liveness window, not the interval, says
+how long a stalled process keeps its place."""
 
 CONFIG_FILE = "cco.toml"
 
@@ -81,6 +83,7 @@ class StandaloneSpec:
     max_fan_in: int = 64
     operation_timeout_ms: int = TORCH_DEFAULT_TIMEOUT_MS
     heartbeat_ms: int = HEARTBEAT_MS
+    liveness_ms: int = DEFAULT_LIVENESS_MS
     node_args: tuple[str, ...] = field(default=())
     """More ``cco-node`` flags for every service (``--quic-backend aioquic``, ...)."""
 
@@ -88,6 +91,10 @@ class StandaloneSpec:
         _split(self.listen)  # ValueError: expected HOST:PORT
         if self.endpoints < 0 or self.aggregators < 1 or self.max_fan_in < 2:
             raise ValueError("endpoints must be >= 0, aggregators >= 1 and max_fan_in >= 2")
+        if self.liveness_ms < 2 * self.heartbeat_ms:
+            raise ValueError(
+                f"liveness_ms {self.liveness_ms} is under two heartbeat intervals ({self.heartbeat_ms} ms)"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +146,7 @@ class Standalone:
             ":memory:",
         ]
         args += ["--operation-timeout-ms", str(spec.operation_timeout_ms)]
-        args += ["--heartbeat-ms", str(spec.heartbeat_ms)]
+        args += ["--heartbeat-ms", str(spec.heartbeat_ms), "--liveness-ms", str(spec.liveness_ms)]
         try:
             self._spawn("rendezvous", [*args, *common])
             self._wait_for("rendezvous", "listening", timeout)
@@ -155,6 +162,7 @@ class Standalone:
             raise
         config = self.directory / CONFIG_FILE
         lines = [f'rendezvous = "{rendezvous}"', f"pki_dir = {_toml_string(str(self.pki))}"]
+        lines += [f"liveness_ms = {spec.liveness_ms}"]  # the workers' QUIC idle timeout outlasts it
         lines += [f"max_datagram_size = {LOOPBACK_DATAGRAM_SIZE}"] if _is_loopback(host) else []
         config.write_text("\n".join(lines) + "\n")
         return Job(rendezvous=rendezvous, pki_dir=self.pki, config=config)
@@ -281,7 +289,14 @@ def parser() -> argparse.ArgumentParser:
         "--heartbeat-ms",
         type=int,
         default=HEARTBEAT_MS,
-        help="heartbeat interval; a member is lost after three missed (default 5000, torchelastic's)",
+        help="heartbeat interval (default 1000)",
+    )
+    parser.add_argument(
+        "--liveness-ms",
+        type=int,
+        default=DEFAULT_LIVENESS_MS,
+        help="silence after which a rank is lost: longer than a step may stall a process "
+        f"(default {DEFAULT_LIVENESS_MS}, torchelastic's 3 keep-alives 5 s apart)",
     )
     parser.add_argument(
         "command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...] to run with CCO_CONFIG set"
@@ -302,6 +317,7 @@ def standalone_main(argv: Sequence[str]) -> int:
                 max_fan_in=args.max_fan_in,
                 operation_timeout_ms=args.operation_timeout_ms,
                 heartbeat_ms=args.heartbeat_ms,
+                liveness_ms=args.liveness_ms,
             )
         except ValueError as exc:
             print(f"cco-node standalone: {exc}", file=sys.stderr)

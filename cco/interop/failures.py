@@ -836,6 +836,14 @@ def _range_failures() -> list[Failure]:
             3,
         ),
         f(
+            "liveness-over",
+            "join-accept-bounds",
+            "params.liveness_ms is 3600001 (range 20..3600000).",
+            "set params.liveness_ms (key 6, key 7) to 3600001",
+            (6, 7),
+            3_600_001,
+        ),
+        f(
             "tag-equals-modulus",
             c,
             "tag is p = 2^61-1, not an element of F_p (range 0..p-1).",
@@ -1082,6 +1090,14 @@ def _rule_failures() -> list[Failure]:
     broadcast_body = base_value("broadcast-data")[1]
     del broadcast_body[15]
     return [
+        f(
+            "liveness-under-two-intervals",
+            "join-accept",
+            "params.liveness_ms is 1999 with heartbeat_interval_ms 1000: at least two intervals.",
+            "set params.liveness_ms (key 6, key 7) to 1999",
+            (6, 7),
+            1999,
+        ),
         f(
             "bitmap-trailing-zero",
             c,

@@ -103,7 +103,8 @@ class AggregatorMachine:
 
     Registration: on ``PeerConnected(role=RENDEZVOUS)`` it sends
     ``AggregatorRegister`` and, once accepted, exchanges heartbeats with the
-    rendezvous every interval; three silent intervals mean the rendezvous is lost.
+    rendezvous every interval; three silent intervals mean the rendezvous is lost
+    (an aggregator runs no training step that could stall it).
     Groups are served independently; nothing one group's peers send can touch
     another group's slots.
     """
@@ -477,7 +478,7 @@ class AggregatorMachine:
         if tick is Tick.LOST:
             peer = self._session.peer
             assert peer is not None
-            out.append(ClosePeer(peer, ErrorCode.PEER_LOST, "no message for three heartbeat intervals"))
+            out.append(ClosePeer(peer, ErrorCode.PEER_LOST, self._session.silence()))
             out += self._node_event(NodeEvent.RENDEZVOUS_LOST, None, now)
         elif tick is Tick.BEAT:
             out.append(self._session.heartbeat())

@@ -33,6 +33,7 @@ from cco.client import NONFINITE_MODES, NonFinite
 from cco.config import resolve
 from cco.transport import TransportConfig, create_dev_pki
 from cco.transport.certs import CA_KEY_FILE, is_valid_node_id, node_paths
+from cco.transport.config import idle_timeout_above
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.registries import Role
 
@@ -66,6 +67,11 @@ class Options:
     training process keeps its cores)."""
     join_timeout: float | None = None
     """Seconds to wait for every rank and a tree (default: the process group's timeout)."""
+    liveness_ms: int | None = None
+    """The liveness window the job's rendezvous gives its groups (``CCO_LIVENESS_MS``;
+    ``cco-node standalone`` writes it to its file; default 15000): how long this process
+    may stall, sending nothing, and keep its place.  This rank's connections keep their
+    QUIC idle timeout above it; the window itself is the rendezvous's (``--liveness-ms``)."""
     transport: dict[str, Any] | None = None
     """More :class:`~cco.transport.TransportConfig` fields (``max_datagram_size`` ...)."""
 
@@ -118,7 +124,9 @@ def settings(
             ErrorCode.INVALID_FIELD, f"node id {node_id!r}: lowercase letters, digits, '-' and '.'"
         )
     pki_dir = Path(options.pki_dir) if options.pki_dir is not None else node.pki_dir
-    transport = _transport(node.values, pki_dir, node_id, options.transport or {})
+    liveness_ms = options.liveness_ms if options.liveness_ms is not None else node.liveness_ms
+    overrides = {"idle_timeout": idle_timeout_above(liveness_ms), **(options.transport or {})}
+    transport = _transport(node.values, pki_dir, node_id, overrides)
     width = options.width if options.width is not None else node.width
     if width is not None and width not in WIDTHS:
         raise CcoError(ErrorCode.INVALID_FIELD, f"CCO_WIDTH {width} is not one of {WIDTHS}")

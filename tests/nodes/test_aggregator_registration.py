@@ -63,7 +63,7 @@ def test_silent_rendezvous_is_lost_after_three_intervals() -> None:
         out = rig.timer(deadline)
     assert rig.now == pytest.approx(0.3)
     assert [c for c in out if isinstance(c, ClosePeer)] == [
-        ClosePeer("rv", ErrorCode.PEER_LOST, "no message for three heartbeat intervals")
+        ClosePeer("rv", ErrorCode.PEER_LOST, "no message from the rendezvous for 0.3 s (the liveness window)")
     ]
     assert rig.machine.state is NodeState.DETACHED
     assert sent(rig.feed(PeerConnected("rv2", "rendezvous", Role.RENDEZVOUS)), "rv2", AggregatorRegister)
