@@ -103,8 +103,9 @@ class AggregatorMachine:
 
     Registration: on ``PeerConnected(role=RENDEZVOUS)`` it sends
     ``AggregatorRegister`` and, once accepted, exchanges heartbeats with the
-    rendezvous every interval; three silent intervals mean the rendezvous is lost
-    (an aggregator runs no training step that could stall it).
+    rendezvous every interval; three silent intervals mean the rendezvous is lost, or
+    the longest liveness window of the groups it was assigned, if longer (a machine
+    busy enough to stall its members for that long may stall it too).
     Groups are served independently; nothing one group's peers send can touch
     another group's slots.
     """
@@ -337,6 +338,7 @@ class AggregatorMachine:
                 )
             ]
         group.confirmed = True
+        self._session.widen(message.params.loss_window)  # as long as its groups' members
         parent = message.parent
         if parent is None:
             event = GroupEvent.ASSIGNED_ROOT

@@ -3,7 +3,8 @@
 The session knows which connection reaches the rendezvous, greets it (the role's
 JoinRequest or AggregatorRegister), heartbeats it once the rendezvous has accepted
 this node, declares it lost after the liveness window of silence (the group's, for
-an endpoint; :data:`~cco.wire.messages.LOSS_INTERVALS` intervals for an aggregator),
+an endpoint; :data:`~cco.wire.messages.LOSS_INTERVALS` intervals for an aggregator, or
+the longest window of its groups),
 and remembers since when this node has been detached: the data path needs no
 rendezvous, so a detached node keeps its work for a grace period while the I/O layer
 dials again (draft section "Rendezvous Persistence and Restart").  What the
@@ -55,6 +56,12 @@ class RendezvousSession:
         default); the node is attached again."""
         self._liveness = Liveness.starting(interval, now, window)
         self.detached_at = None
+
+    def widen(self, window: float) -> None:
+        """Count the rendezvous lost only after ``window`` seconds of silence, if that is
+        longer than the window in force (an aggregator serving a group with a long one)."""
+        if self._liveness is not None and window > self._liveness.window:
+            self._liveness.window = window
 
     def silence(self) -> str:
         """Why a lost rendezvous is lost, for the close and the operations it fails."""
