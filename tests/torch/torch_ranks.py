@@ -6,7 +6,7 @@ variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and the job's
 CCO_CONFIG.  A rank writes what it checked to a JSON file; :func:`run_ranks` returns
 those, or fails naming the ranks that did not finish, with the end of their output.
 
-The services are the launcher's (5 s heartbeats, as for any training job), with a
+The services are the launcher's (heartbeats every second, a 15 s liveness window), with a
 collective timeout of 2 minutes, so that a check that goes wrong fails in bounded time.
 """
 
