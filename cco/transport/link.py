@@ -492,8 +492,12 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
                 )
                 return
 
+    def _peer_name(self) -> str:
+        return self.opened.result().node_id if self.opened.done() and not self.opened.exception() else "?"
+
     def _lose_peer(self, detail: str) -> None:
         """The peer cannot answer: closed now, without waiting for acknowledgements."""
+        logger.warning("%s: link to %s at %s: %s", self._local.node_id, self._peer_name(), self.peer, detail)
         self._mark_closed(ErrorCode.PEER_LOST, detail)
         self._pending_close = (int(ErrorCode.PEER_LOST), _truncate(detail, _MAX_REASON))
         self._close_quic()

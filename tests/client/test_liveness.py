@@ -25,7 +25,7 @@ import pytest
 
 from cco.standalone import Job, Standalone, StandaloneSpec
 
-WINDOW_MS = 8000
+WINDOW_MS = 15_000  # the default: what a loaded machine needs (an 8 s one lost a busy rank at load 20)
 RANK = Path(__file__).resolve().parent / "liveness_rank.py"
 SLACK = 15.0
 """Seconds beyond the window a verdict may take on a loaded machine."""
@@ -120,7 +120,8 @@ def test_a_rank_stopped_for_half_the_window_keeps_its_place(tmp_path: Path) -> N
 
 def test_a_killed_rank_is_named_to_the_others_within_the_window(tmp_path: Path) -> None:
     with job(tmp_path / "job") as services, ranks(services, 3, tmp_path) as group:
-        assert [r.get("exact") for r in group.all("allreduce 100", [0, 1, 2])] == [True] * 3
+        first = group.all("allreduce 100", [0, 1, 2])
+        assert [r.get("exact") for r in first] == [True] * 3, first
         group.processes[2].send_signal(signal.SIGKILL)
         killed = time.monotonic()
         for rank in (0, 1):
