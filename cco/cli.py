@@ -3,6 +3,7 @@
     cco-node --role rendezvous|aggregator|endpoint [options]   run one node
     cco-node certs --dir DIR NODE_ID:ROLE ...                   development CA and node certs
     cco-node demo [options]                                     a local cluster doing verified all-reduces
+    cco-node standalone [options] [-- COMMAND ...]              a one-machine job's services (cco.standalone)
 
 Options come from flags, CCO_* environment variables and a TOML file (--config); see
 ``cco-node --help``.  Every mistake ends in one line on stderr naming its cause (and
@@ -32,6 +33,7 @@ USAGE = """\
 usage: cco-node --role rendezvous|aggregator|endpoint [options]   run one node
        cco-node certs --dir DIR [--force] NODE_ID:ROLE ...         create development certificates
        cco-node demo [options]                                     a local cluster doing verified all-reduces
+       cco-node standalone [options] [-- COMMAND ...]              a one-machine job's certs and services
        cco-node --version
 
 New here? Run `cco-node demo`.  `cco-node --help`, `cco-node certs --help` and
@@ -230,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
             from cco.demo import demo_main
 
             return demo_main(argv[1:])
+        if argv[0] == "standalone":
+            from cco.standalone import standalone_main
+
+            return standalone_main(argv[1:])
         return _run_node(argv)
     except UsageError as exc:
         print(f"cco-node: {exc}", file=sys.stderr)

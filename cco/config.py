@@ -20,7 +20,13 @@ from typing import Any
 
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import Struct, UInt
-from cco.wire.messages import AggregatorRegister, GroupParams, JoinRequest
+from cco.wire.messages import (
+    DEFAULT_LIVENESS_MS,
+    LOSS_INTERVALS,
+    AggregatorRegister,
+    GroupParams,
+    JoinRequest,
+)
 
 MAX_BUSY_POLL_US = 1_000_000
 """The largest busy-poll budget a node accepts (``busy_poll_us``): a second of polling
@@ -175,6 +181,18 @@ OPTIONS: tuple[Option, ...] = (
         wire=(GroupParams, "heartbeat_interval_ms"),
     ),
     Option(
+        "liveness_ms",
+        "milliseconds of silence after which a member of a new group is lost, and it counts the "
+        "rendezvous lost: longer than a training step may stall the process (at least two heartbeat "
+        "intervals; default 15000, after torchelastic's 3 keep-alives 5 s apart, or 3 heartbeat "
+        "intervals if longer); an endpoint keeps its connections' QUIC idle timeout above the window "
+        "it expects",
+        None,
+        int,
+        (R, E),
+        wire=(GroupParams, "liveness_ms"),
+    ),
+    Option(
         "operation_timeout_ms",
         "milliseconds a collective may go without progress (a slot at an aggregator, a chunk at an endpoint)",
         30_000,
@@ -205,7 +223,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "resume_grace_ms",
         "after a restart from the store, milliseconds members and aggregators have to come back "
-        "before they are lost (default: 3 heartbeat intervals + 9 s, i.e. 12 s)",
+        "before they are lost (default: the liveness window + 9 s, i.e. 24 s)",
         None,
         int,
         (R,),
@@ -470,4 +488,12 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         if option.maximum is not None and value > option.maximum:
             raise CcoError(ErrorCode.INVALID_FIELD, f"{source}: {value} is above {option.maximum}")
         values[option.name] = value
+    if values["liveness_ms"] is None:
+        values["liveness_ms"] = max(DEFAULT_LIVENESS_MS, LOSS_INTERVALS * values["heartbeat_ms"])
+    elif values["liveness_ms"] < 2 * values["heartbeat_ms"]:
+        raise CcoError(
+            ErrorCode.INVALID_FIELD,
+            f"--liveness-ms {values['liveness_ms']} is under two heartbeat intervals "
+            f"(--heartbeat-ms {values['heartbeat_ms']})",
+        )
     return NodeConfig(role=role, values=values)

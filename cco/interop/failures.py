@@ -731,6 +731,7 @@ _BOUNDS = (
     _Bound("version-over-u32", "hello-ack-rendezvous", "version", "above"),
     _Bound("message-type-over", "error-with-type", "message_type", "above"),
     _Bound("window-zero", "join-accept", "params.window", "below"),
+    _Bound("liveness-over", "join-accept-bounds", "params.liveness_ms", "above"),
     _Bound("block-elements-under", "contribution-reduce-root", "block_elements", "below"),
     _Bound("block-elements-over", "contribution-reduce-root", "block_elements", "above"),
     _Bound("block-elements-in-params-under", "join-accept", "params.block_elements", "below"),
@@ -955,6 +956,14 @@ def _rule_failures() -> list[Failure]:
     broadcast_body = base_value("broadcast-data")[1]
     del broadcast_body[15]
     return [
+        f(
+            "liveness-under-two-intervals",
+            "join-accept",
+            "params.liveness_ms is 1999 with heartbeat_interval_ms 1000: at least two intervals.",
+            "set params.liveness_ms (key 6, key 7) to 1999",
+            (6, 7),
+            1999,
+        ),
         f(
             "width-three",
             c,

@@ -22,6 +22,7 @@ from cco.wire.messages import (
     MAC_MODULUS,
     MAX_BLOCK_ELEMENTS,
     MAX_CHUNK_ELEMENTS,
+    MAX_LIVENESS_MS,
     MIN_BLOCK_ELEMENTS,
     Abort,
     Address,
@@ -135,6 +136,7 @@ MIN_PARAMS = GroupParams(
     operation_timeout_ms=10,
     block_elements=MIN_BLOCK_ELEMENTS,
     float_width=1,
+    liveness_ms=20,
 )
 MAX_PARAMS = GroupParams(
     chunk_elements=MAX_CHUNK_ELEMENTS,
@@ -143,6 +145,7 @@ MAX_PARAMS = GroupParams(
     operation_timeout_ms=86_400_000,
     block_elements=MAX_BLOCK_ELEMENTS,
     float_width=8,
+    liveness_ms=MAX_LIVENESS_MS,
 )
 
 # 255 UTF-8 bytes: 85 three-byte characters (U+20AC EURO SIGN).

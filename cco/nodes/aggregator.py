@@ -103,7 +103,9 @@ class AggregatorMachine:
 
     Registration: on ``PeerConnected(role=RENDEZVOUS)`` it sends
     ``AggregatorRegister`` and, once accepted, exchanges heartbeats with the
-    rendezvous every interval; three silent intervals mean the rendezvous is lost.
+    rendezvous every interval; three silent intervals mean the rendezvous is lost, or
+    the longest liveness window of the groups it was assigned, if longer (a machine
+    busy enough to stall its members for that long may stall it too).
     Groups are served independently; nothing one group's peers send can touch
     another group's slots.
     """
@@ -347,6 +349,7 @@ class AggregatorMachine:
                 )
             ]
         group.confirmed = True
+        self._session.widen(message.params.loss_window)  # as long as its groups' members
         parent = message.parent
         if parent is None:
             event = GroupEvent.ASSIGNED_ROOT
@@ -485,7 +488,7 @@ class AggregatorMachine:
         if tick is Tick.LOST:
             peer = self._session.peer
             assert peer is not None
-            out.append(ClosePeer(peer, ErrorCode.PEER_LOST, "no message for three heartbeat intervals"))
+            out.append(ClosePeer(peer, ErrorCode.PEER_LOST, self._session.silence()))
             out += self._node_event(NodeEvent.RENDEZVOUS_LOST, None, now)
         elif tick is Tick.BEAT:
             out.append(self._session.heartbeat())

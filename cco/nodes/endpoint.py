@@ -363,7 +363,7 @@ class EndpointMachine:
         if isinstance(message, JoinAccept):
             if membership.same_as(message):
                 self._link = LINK_TABLE.next(self._link, LinkEvent.RESUMED)
-                self._session.accept(membership.heartbeat_interval, now)
+                self._session.accept(membership.heartbeat_interval, now, membership.params.loss_window)
                 return []
             why = (
                 f"the rendezvous came back without this membership (rank {message.rank}, epoch "
@@ -423,7 +423,7 @@ class EndpointMachine:
                 assert isinstance(message, JoinAccept)
                 membership = Membership(message)
                 self._joined = _Joined(membership, OperationEngine(self.config, membership, self._parent))
-                self._session.accept(membership.heartbeat_interval, now)
+                self._session.accept(membership.heartbeat_interval, now, membership.params.loss_window)
             case SessionAction.REFUSED:
                 assert isinstance(message, JoinReject | Error)
                 why = f"join {'rejected' if isinstance(message, JoinReject) else 'refused'}: {message.detail}"
@@ -465,6 +465,11 @@ class EndpointMachine:
         lost = membership.new_members(ranks_from_bitmap(message.members), message.epoch, self.config.elastic)
         if lost:
             why = f"epoch changed to {message.epoch} ({message.code.name}); ranks {ranks_text(lost)} left"
+            if message.code is ErrorCode.NO_ERROR:
+                # Ranks that left on purpose may have done so right after their last
+                # collective, which they could complete only once every rank had sent:
+                # this rank's copy may still be on its way, and stays awaited.
+                return engine.fail_all(ErrorCode.PEER_LOST, why, lost, keep_sent=True)
             return engine.fail_all(ErrorCode.PEER_LOST, why, lost)
         if message.code is ErrorCode.NO_AGGREGATOR:
             membership.no_tree = f"epoch changed to {message.epoch}: no aggregator can serve the group"
@@ -508,7 +513,7 @@ class EndpointMachine:
         out: list[Command] = []
         tick = self._session.tick(now)
         if tick is Tick.LOST:
-            out += self._lose_rendezvous("no message from the rendezvous for three heartbeat intervals", now)
+            out += self._lose_rendezvous(self._session.silence(), now)
         elif tick is Tick.BEAT:
             out.append(self._session.heartbeat())
         grace = self.config.rendezvous_grace

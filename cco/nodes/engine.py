@@ -517,10 +517,23 @@ class OperationEngine:
             missing_chunks=tuple(op.missing_chunks()),
         )
 
-    def fail_all(self, code: ErrorCode, detail: str, missing: frozenset[int] | None) -> list[Command]:
-        """Fail every operation in flight (the tree they used is gone) and forget early data."""
+    def fail_all(
+        self, code: ErrorCode, detail: str, missing: frozenset[int] | None, *, keep_sent: bool = False
+    ) -> list[Command]:
+        """Fail every operation in flight (the tree they used is gone) and forget early data.
+
+        With ``keep_sent`` (ranks left on purpose, the tree stands), an operation to which
+        this rank sent every chunk still waits for its results in its own epoch: its
+        slots complete if the leavers had sent too, and the tree aborts it otherwise."""
         out: list[Command] = []
         for op in list(self._ops.values()):
+            if (
+                keep_sent
+                and op.state is OperationState.AWAITING
+                and op.source is not None
+                and op.interrupted is None
+            ):
+                continue
             out += self._finish_failed(op, OperationEvent.LOST, code, detail, missing, tell_tree=False)
         for queued in self._early.values():
             self._early_count -= len(queued)

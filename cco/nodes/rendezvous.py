@@ -209,7 +209,7 @@ class RendezvousMachine:
     def next_deadline(self) -> float | None:
         """The earliest heartbeat to send, loss to declare, expiry of a created group
         or end of the grace period after a restart; None when there is none of them."""
-        times = [p.liveness.deadline(self._loss_interval(p)) for p in self._peers.values()]
+        times = [p.liveness.deadline(self._loss_window(p)) for p in self._peers.values()]
         if self._grace_ends is not None:
             times.append(self._grace_ends)
         expiry = self._admission.deadline()
@@ -298,7 +298,7 @@ class RendezvousMachine:
             out.append(ClosePeer(event.peer, ErrorCode.UNAUTHORIZED, detail))
             return
         state = PeerState.ENDPOINT if event.role is Role.ENDPOINT else PeerState.REGISTERING
-        liveness = Liveness.starting(self.config.heartbeat_interval, now)
+        liveness = Liveness.starting(self.config.heartbeat_interval, now, self.config.loss_window)
         self._peers[event.peer] = PeerRecord(
             event.peer, event.node_id, event.role, state, liveness, capabilities=event.capabilities
         )
@@ -310,9 +310,11 @@ class RendezvousMachine:
         them (draft section "Heartbeats and Loss Detection")."""
         return min(self._intervals(peer))
 
-    def _loss_interval(self, peer: PeerRecord) -> float:
-        """A member of a group with a longer heartbeat interval is given that one's window."""
-        return max(self._intervals(peer))
+    def _loss_window(self, peer: PeerRecord) -> float:
+        """A member of a group with a longer liveness window is given that one."""
+        return max(
+            [self.config.loss_window, *(self._trees.groups[g].params.loss_window for g in peer.groups)]
+        )
 
     def _intervals(self, peer: PeerRecord) -> list[float]:
         """The rendezvous's own heartbeat interval and those of the peer's groups."""
@@ -324,8 +326,9 @@ class RendezvousMachine:
     def _timers(self, now: float, out: list[Command]) -> None:
         self._expire(now, out)
         for peer in sorted(self._peers.values(), key=lambda p: p.peer):
-            if peer.liveness.lost(now, self._loss_interval(peer)):
-                out.append(ClosePeer(peer.peer, ErrorCode.PEER_LOST, "no message for 3 heartbeat intervals"))
+            if peer.liveness.lost(now, self._loss_window(peer)):
+                silence = f"no message for {self._loss_window(peer):g} s (the liveness window)"
+                out.append(ClosePeer(peer.peer, ErrorCode.PEER_LOST, silence))
                 self._peer_event(peer, PeerEvent.HEARTBEAT_TIMEOUT, None, out)
             elif peer.liveness.beat_due(now):
                 out.append(SendMessage(peer.peer, Heartbeat(seq=peer.echo_seq)))

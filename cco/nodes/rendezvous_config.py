@@ -5,13 +5,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from cco.nodes.liveness import LOSS_INTERVALS
 from cco.nodes.rendezvous_admission import AdmissionLimits
-from cco.wire.messages import GroupParams
+from cco.wire.messages import DEFAULT_LIVENESS_MS, GroupParams
 from cco.wire.registries import GROUP_ID_SIZE, MAX_WORLD_SIZE
 
 DEFAULT_PARAMS = GroupParams(
-    chunk_elements=32768, window=3, heartbeat_interval_ms=1000, operation_timeout_ms=30_000
+    chunk_elements=32768,
+    window=3,
+    heartbeat_interval_ms=1000,
+    operation_timeout_ms=30_000,
+    liveness_ms=DEFAULT_LIVENESS_MS,
 )
 """Chunks of 32768 elements, 3 in flight per rank: 384 KiB of float32, less than what
 a switch port or a 100 ms queue at 20 Mbit/s holds, so the window itself does not
@@ -30,11 +33,11 @@ DEFAULT_FAN_IN = 16
 
 RESUME_REDIAL_GAP = 9.0
 """Seconds of the default grace period after a restart beyond the peers' own loss
-detection: the default is ``LOSS_INTERVALS`` heartbeat intervals plus this, 12 s at
-the default interval of 1 s.  Why: a peer notices a silent rendezvous after
-:data:`~cco.nodes.liveness.LOSS_INTERVALS` intervals (which matters when the restart
-is quicker than that) and then dials it again, each attempt lasting up to 10 s, with
-pauses of 1 s, 2 s, 4 s, 8 s ... between attempts (:class:`cco.services.node.Redialer`).
+detection: the default is the liveness window plus this, 24 s with the default
+window of 15 s.  Why: a peer notices a silent rendezvous after the liveness window
+(which matters when the restart is quicker than that) and then dials it again, each
+attempt lasting up to 10 s, with pauses of 1 s, 2 s, 4 s, 8 s ... between attempts
+(:class:`cco.services.node.Redialer`).
 An attempt under way when the new process starts completes at QUIC's next
 retransmission of its Initial (seconds apart at most); one in a pause starts when
 the pause ends.  Within the 60 s for which endpoints and aggregators keep a group
@@ -70,8 +73,8 @@ class RendezvousConfig:
 
     ``resume_grace_ms`` is how long a restored machine
     (:meth:`~cco.nodes.rendezvous.RendezvousMachine.restored`) waits for its away
-    members and aggregators to come back; None means ``LOSS_INTERVALS`` heartbeat
-    intervals plus :data:`RESUME_REDIAL_GAP` (see there for why).  Options:
+    members and aggregators to come back; None means the liveness window
+    (``params.loss_window``) plus :data:`RESUME_REDIAL_GAP` (see there for why).  Options:
     ``create_groups_on_join`` lets the first JoinRequest for an unknown group id
     create it with the joiner's world size and credential.  ``limits`` bound what
     peers may make the rendezvous hold (:mod:`cco.nodes.rendezvous_admission`).
@@ -98,11 +101,17 @@ class RendezvousConfig:
         return self.params.heartbeat_interval_ms / 1000.0
 
     @property
+    def loss_window(self) -> float:
+        """Seconds of silence after which the rendezvous counts a peer as lost (a member
+        of a group with a longer window is given that one)."""
+        return self.params.loss_window
+
+    @property
     def resume_grace(self) -> float:
         """The grace period after a restart, in seconds."""
         if self.resume_grace_ms is not None:
             return self.resume_grace_ms / 1000.0
-        return LOSS_INTERVALS * self.heartbeat_interval + RESUME_REDIAL_GAP
+        return self.params.loss_window + RESUME_REDIAL_GAP
 
     def group_params(self, group_id: bytes) -> tuple[GroupParams, int]:
         """The parameters and fan-in bound a group starts with: its own, else the defaults."""

@@ -2,10 +2,12 @@
 
 The session knows which connection reaches the rendezvous, greets it (the role's
 JoinRequest or AggregatorRegister), heartbeats it once the rendezvous has accepted
-this node, declares it lost after :data:`~cco.nodes.liveness.LOSS_INTERVALS` silent
-intervals, and remembers since when this node has been detached: the data path needs
-no rendezvous, so a detached node keeps its work for a grace period while the I/O
-layer dials again (draft section "Rendezvous Persistence and Restart").  What the
+this node, declares it lost after the liveness window of silence (the group's, for
+an endpoint; :data:`~cco.wire.messages.LOSS_INTERVALS` intervals for an aggregator, or
+the longest window of its groups),
+and remembers since when this node has been detached: the data path needs no
+rendezvous, so a detached node keeps its work for a grace period while the I/O layer
+dials again (draft section "Rendezvous Persistence and Restart").  What the
 role does on each of these moves is its own table's business
 (:mod:`cco.nodes.endpoint_states`, :mod:`cco.nodes.aggregator_states`).
 """
@@ -48,11 +50,23 @@ class RendezvousSession:
         self._liveness = None
         return SendMessage(peer, greeting)
 
-    def accept(self, interval: float, now: float) -> None:
-        """The rendezvous accepted this node: heartbeat it every ``interval`` seconds;
-        the node is attached again."""
-        self._liveness = Liveness.starting(interval, now)
+    def accept(self, interval: float, now: float, window: float | None = None) -> None:
+        """The rendezvous accepted this node: heartbeat it every ``interval`` seconds and
+        count it lost after ``window`` seconds of silence (LOSS_INTERVALS intervals by
+        default); the node is attached again."""
+        self._liveness = Liveness.starting(interval, now, window)
         self.detached_at = None
+
+    def widen(self, window: float) -> None:
+        """Count the rendezvous lost only after ``window`` seconds of silence, if that is
+        longer than the window in force (an aggregator serving a group with a long one)."""
+        if self._liveness is not None and window > self._liveness.window:
+            self._liveness.window = window
+
+    def silence(self) -> str:
+        """Why a lost rendezvous is lost, for the close and the operations it fails."""
+        window = self._liveness.window if self._liveness is not None else 0.0
+        return f"no message from the rendezvous for {window:g} s (the liveness window)"
 
     def heard(self, now: float) -> None:
         """Anything from the rendezvous is a sign of life."""

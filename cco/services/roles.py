@@ -31,6 +31,7 @@ from cco.services.store import (
 )
 from cco.transport import TransportConfig
 from cco.transport.certs import CA_CERT_FILE, node_paths
+from cco.transport.config import idle_timeout_above
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.messages import Address, GroupParams
 from cco.wire.registries import Role
@@ -62,6 +63,7 @@ def transport_config(cfg: NodeConfig) -> TransportConfig:
             quic_backend=cfg.quic_backend,
             qlog_dir=cfg.qlog_dir,
             keylog_file=cfg.keylog_file,
+            idle_timeout=idle_timeout_above(cfg.liveness_ms),
         )
     except ValueError as exc:  # a value out of range; the text names the option
         raise CcoError(ErrorCode.INVALID_FIELD, str(exc)) from None
@@ -110,6 +112,7 @@ async def run_rendezvous(cfg: NodeConfig) -> int:
         window=cfg.window,
         heartbeat_interval_ms=cfg.heartbeat_ms,
         operation_timeout_ms=cfg.operation_timeout_ms,
+        liveness_ms=cfg.liveness_ms,
     )
     groups: dict[bytes, GroupConfig] = {}
     if cfg.group_id is not None:

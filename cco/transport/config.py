@@ -24,6 +24,15 @@ MAX_DATAGRAM_SIZE = 65507
 """The largest UDP payload over IPv4; what a link really carries is usually far less."""
 
 
+DEFAULT_IDLE_TIMEOUT = 30.0
+
+
+def idle_timeout_above(liveness_ms: int) -> float:
+    """A QUIC idle timeout that outlasts a liveness window of ``liveness_ms``: twice the
+    window, and never under the default."""
+    return max(DEFAULT_IDLE_TIMEOUT, 2 * liveness_ms / 1000)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TransportConfig:
     """Everything a node's QUIC transport needs besides addresses and identity.
@@ -50,8 +59,10 @@ class TransportConfig:
     more, and since a QUIC stack's cost is mostly per packet, ~16000 there is
     several times faster (GUIDE section 5; 2x with qh3, more with aioquic).  Above
     ~16000 gains flatten and 65000 fails."""
-    idle_timeout: float = 30.0
-    """Seconds of silence after which QUIC drops the connection (reported as PEER_LOST)."""
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT
+    """Seconds of silence after which QUIC drops the connection (reported as PEER_LOST).
+    Keep it above the liveness window (:func:`idle_timeout_above`), so that the
+    heartbeats, not the transport, decide when a stalled peer is lost."""
     hello_timeout: float = 10.0
     """Seconds a server waits for Hello after the TLS handshake before closing (TIMEOUT)."""
     close_flush_timeout: float = 2.0
@@ -154,7 +165,8 @@ class TransportConfig:
             raise ValueError(f"versions {self.versions} must be a non-empty list of 32-bit values")
 
     @classmethod
-    def for_node(cls, pki_dir: Path, node_id: str, **overrides: Any) -> TransportConfig:
+    def for_node(cls, pki_dir: str | Path, node_id: str, **overrides: Any) -> TransportConfig:
         """The configuration of ``node_id`` in a directory written by ``create_dev_pki``."""
+        pki_dir = Path(pki_dir)
         cert_file, key_file = node_paths(pki_dir, node_id)
         return cls(ca_file=pki_dir / CA_CERT_FILE, cert_file=cert_file, key_file=key_file, **overrides)

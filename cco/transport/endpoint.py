@@ -152,6 +152,14 @@ class Server(SegmentedDatagramProtocol):
                 return
         protocol.datagram_received(data, addr)
 
+    def ports_unreachable(self, addrs: list[tuple[str, int]]) -> None:
+        """ICMP reports about datagrams sent to ``addrs``: each to the links with that peer,
+        which decide whether to believe them."""
+        for protocol in list(self._protocols):
+            mine = [addr for addr in addrs if addr == protocol.peer]
+            if mine:
+                protocol.ports_unreachable(mine)
+
     def segments_received(self, data: bytes, segment_size: int, addr: tuple[str | object, ...]) -> None:
         """A run of datagrams from one address: whole to its link when every one of
         them has a short header naming the same known connection ID (the usual run

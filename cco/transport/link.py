@@ -64,6 +64,7 @@ from cco.transport.config import TransportConfig
 from cco.transport.handshake import LocalIdentity, Session, accept_hello_ack, build_hello, negotiate
 from cco.transport.pathstats import PathStats
 from cco.transport.udp import BatchedUdpTransport, SegmentedDatagramProtocol
+from cco.transport.unreachable import CONFIRM_SPAN, UnreachableTracker, peer_key
 from cco.wire.errors import CcoError, DecodeError, ErrorCode
 from cco.wire.framing import FrameDecoder, encode_frame, frame_prefix
 from cco.wire.messages import (
@@ -235,6 +236,8 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         self._on_terminated: list[Callable[[], None]] = []
         self.on_handshake: Callable[[], None] = lambda: None
         """Called once the QUIC handshake has completed (a server counts half-open connections)."""
+        self.peer: tuple[str, int] | None = None  # the address datagrams come from and go to
+        self._unreachable = UnreachableTracker()
         self.opened: asyncio.Future[PeerLink] = self._loop.create_future()
         self.opened.add_done_callback(lambda f: f.cancelled() or f.exception())
 
@@ -275,6 +278,7 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
     # clock aside.
 
     def connect(self, addr: tuple[object, ...], transmit: bool = True) -> None:
+        self.peer = peer_key(addr)
         self._quic.connect(addr, now=time.monotonic())
         if transmit:
             self.transmit()
@@ -530,12 +534,45 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         # here runs after the whole batch the UDP transport is delivering
         # (cco.transport.udp), so a burst of datagrams costs one transmit.
         assert isinstance(data, bytes)
+        if self.peer is None:
+            self.peer = peer_key(addr)
+        if self._unreachable.suspects:
+            self._unreachable.heard(peer_key(addr))
         self._quic.receive_datagram(data, addr, now=time.monotonic())
         self._after_receiving()
 
     def segments_received(self, data: bytes, segment_size: int, addr: tuple[object, ...]) -> None:
+        if self._unreachable.suspects:
+            self._unreachable.heard(peer_key(addr))
         self._cco.receive_segments(data, segment_size, addr, now=time.monotonic())
         self._after_receiving()
+
+    def ports_unreachable(self, addrs: list[tuple[str, int]]) -> None:
+        """ICMP port-unreachable reports about datagrams sent to ``addrs``.  Once they
+        confirm that the peer's port is closed (:class:`UnreachableTracker`), the peer
+        is gone: the link ends at once with PEER_LOST, instead of after the liveness
+        window.  Only an open session counts: a handshake retries on its own."""
+        if self._phase is not _Phase.OPEN:
+            return
+        now = time.monotonic()
+        for addr in addrs:
+            if addr == self.peer and self._unreachable.report(addr, now):
+                host, port = addr
+                self._lose_peer(
+                    f"port {host}:{port} unreachable: the peer's process is gone "
+                    f"(ICMP reports for {CONFIRM_SPAN:g} s)"
+                )
+                return
+
+    def _peer_name(self) -> str:
+        return self.opened.result().node_id if self.opened.done() and not self.opened.exception() else "?"
+
+    def _lose_peer(self, detail: str) -> None:
+        """The peer cannot answer: closed now, without waiting for acknowledgements."""
+        logger.warning("%s: link to %s at %s: %s", self._local.node_id, self._peer_name(), self.peer, detail)
+        self._mark_closed(ErrorCode.PEER_LOST, detail)
+        self._pending_close = (int(ErrorCode.PEER_LOST), _truncate(detail, _MAX_REASON))
+        self._close_quic()
 
     def _after_receiving(self) -> None:
         self._process_events()

@@ -15,6 +15,11 @@ up to 64 KiB per read; a :class:`SegmentedDatagramProtocol` takes such a buffer
 whole (a QUIC stack can decrypt it in one call), any other protocol gets the
 datagrams one by one as before.
 
+Where Linux offers it, the socket also queues ICMP errors (``IP_RECVERR``): the
+addresses whose port was reported unreachable go to
+:meth:`SegmentedDatagramProtocol.ports_unreachable`, which decides what to believe
+(:mod:`cco.transport.unreachable`).
+
 Sending is the kernel's at once; only when the socket buffer is full are datagrams
 queued (up to ``max_queued``, then dropped like any UDP datagram the network loses:
 QUIC retransmits) and sent when the socket is writable again.
@@ -32,6 +37,8 @@ import collections
 import socket
 import sys
 from typing import Any, cast
+
+from cco.transport.unreachable import drain_error_queue, enable_error_queue
 
 MAX_UDP_PAYLOAD = 65535
 
@@ -63,6 +70,10 @@ class SegmentedDatagramProtocol(asyncio.DatagramProtocol):
         for datagram in split_segments(data, segment_size):
             self.datagram_received(datagram, addr)
 
+    def ports_unreachable(self, addrs: list[tuple[str, int]]) -> None:
+        """ICMP port-unreachable reports about datagrams sent to ``addrs`` (one entry a
+        report).  By default, ignored."""
+
 
 def split_segments(data: bytes, segment_size: int) -> list[bytes]:
     """The datagrams of a coalesced run."""
@@ -91,6 +102,7 @@ class BatchedUdpTransport(asyncio.DatagramTransport):
         self._closing = False
         self._gso = sock.family in (socket.AF_INET, socket.AF_INET6) and hasattr(socket, "SOL_UDP")
         self._gro = self._gso and isinstance(protocol, SegmentedDatagramProtocol) and _enable_gro(sock)
+        self._errors = isinstance(protocol, SegmentedDatagramProtocol) and enable_error_queue(sock)
         self._extra = {"socket": sock, "sockname": sock.getsockname()}
         sock.setblocking(False)
         protocol.connection_made(self)
@@ -131,14 +143,18 @@ class BatchedUdpTransport(asyncio.DatagramTransport):
             self._read_coalesced()
             return
         recvfrom = self._sock.recvfrom
-        for _ in range(self._batch):
+        for turn in range(self._batch):
             if self._closing:
                 return
             try:
                 data, addr = recvfrom(MAX_UDP_PAYLOAD)
             except (BlockingIOError, InterruptedError):
+                if turn == 0 and self._errors:
+                    self._drain_errors()  # readable for its error queue alone
                 return
             except OSError as exc:
+                if self._reported(exc):
+                    continue
                 self._protocol.error_received(exc)
                 return
             self._protocol.datagram_received(data, addr)
@@ -152,8 +168,13 @@ class BatchedUdpTransport(asyncio.DatagramTransport):
             try:
                 data, ancdata, flags, addr = recvmsg(MAX_UDP_PAYLOAD, _GRO_CMSG_SPACE)
             except (BlockingIOError, InterruptedError):
+                if budget == self._batch and self._errors:
+                    self._drain_errors()  # readable for its error queue alone
                 return
             except OSError as exc:
+                if self._reported(exc):
+                    budget -= 1
+                    continue
                 protocol.error_received(exc)
                 return
             if flags & _MSG_TRUNC:
@@ -167,6 +188,18 @@ class BatchedUdpTransport(asyncio.DatagramTransport):
                 budget -= 1
                 protocol.datagram_received(data, addr)
 
+    def _reported(self, exc: OSError) -> bool:
+        """Whether ``exc`` was the kernel's notice of queued ICMP errors (then read)."""
+        if not self._errors or not isinstance(exc, ConnectionRefusedError):
+            return False
+        self._drain_errors()
+        return True
+
+    def _drain_errors(self) -> None:
+        unreachable = drain_error_queue(self._sock)
+        if unreachable:
+            cast(SegmentedDatagramProtocol, self._protocol).ports_unreachable(unreachable)
+
     # --- sending ---------------------------------------------------------------
 
     def sendto(self, data: bytes | bytearray | memoryview, addr: Any = None) -> None:
@@ -174,7 +207,7 @@ class BatchedUdpTransport(asyncio.DatagramTransport):
             return
         if not self._queue:
             try:
-                self._sock.sendto(data, addr)
+                self._send_now(data, addr)
                 return
             except (BlockingIOError, InterruptedError):
                 self._loop.add_writer(self._sock.fileno(), self._write_ready)
@@ -183,6 +216,16 @@ class BatchedUdpTransport(asyncio.DatagramTransport):
                 return
         if len(self._queue) < self._max_queued:
             self._queue.append((bytes(data), addr))
+
+    def _send_now(self, data: bytes | bytearray | memoryview, addr: Any) -> None:
+        """One ``sendto``; a send that only reported an earlier ICMP error (and so sent
+        nothing) is made once more."""
+        try:
+            self._sock.sendto(data, addr)
+        except ConnectionRefusedError as exc:
+            if not self._reported(exc):
+                raise
+            self._sock.sendto(data, addr)
 
     def send_datagrams(self, datagrams: list[bytes], addr: Any) -> None:
         """Send ``datagrams`` to ``addr`` in order, in runs of one size per system call."""
@@ -213,7 +256,9 @@ class BatchedUdpTransport(asyncio.DatagramTransport):
             return True
         except (BlockingIOError, InterruptedError):
             return False  # sendto() queues them for a writable socket
-        except OSError:
+        except OSError as exc:
+            if self._reported(exc):
+                return False  # an earlier ICMP error, not GSO's: these go one by one
             self._gso = False  # not offered here (kernel, device or path): never again
             return False
 
@@ -221,7 +266,7 @@ class BatchedUdpTransport(asyncio.DatagramTransport):
         while self._queue:
             data, addr = self._queue[0]
             try:
-                self._sock.sendto(data, addr)
+                self._send_now(data, addr)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:

@@ -48,6 +48,19 @@ ELEMENT_WIDTHS = (1, 2, 4, 8)
 MIN_BLOCK_ELEMENTS = 16
 MAX_BLOCK_ELEMENTS = 1 << 16
 MAX_CHUNK_BLOCKS = MAX_CHUNK_ELEMENTS // MIN_BLOCK_ELEMENTS
+LOSS_INTERVALS = 3
+"""Heartbeat intervals of silence after which a peer is lost, where no liveness window
+is given (GroupParams.liveness_ms absent, and every connection of an aggregator)."""
+MAX_LIVENESS_MS = 3_600_000
+DEFAULT_LIVENESS_MS = 15_000
+"""The default liveness window: a member silent for 15 s is lost.  torchelastic's
+rendezvous gives up on a worker after 3 missed keep-alives 5 s apart (15 s); torchft's
+lighthouse after 5 s.  CCO fails the operations of a group that loses a member, so a
+false loss costs more than a slow detection, hence the longer of the two: a training
+step, a checkpoint write or a collector pause of some seconds does not cost a rank
+its place.  A rank that is really gone is usually named sooner: its closed port
+draws ICMP port-unreachable reports, which end the connection at once
+(:mod:`cco.transport.unreachable`)."""
 
 _GROUP_ID = Bytes(min_len=GROUP_ID_SIZE, max_len=GROUP_ID_SIZE)
 _NODE_ID = Text(min_len=1, max_len=255)
@@ -107,10 +120,29 @@ class GroupParams(Struct):
     float_width: int | None = wire(6, UInt(minimum=1, maximum=8), optional=True)
     """Bytes per block-scaled integer when an operation names none; absent means each
     float dtype's own width (2, 4 or 8)."""
+    liveness_ms: int | None = wire(7, UInt(minimum=20, maximum=MAX_LIVENESS_MS), optional=True)
+    """Silence after which a member and the rendezvous count each other as lost; absent
+    means LOSS_INTERVALS heartbeat intervals.  Longer than the heartbeat interval lets a
+    stalled process (a long step, a checkpoint, a paused debugger) keep its place
+    without heartbeating more often."""
 
     def validate(self, where: str, encoding: bool) -> None:
         if self.float_width is not None and self.float_width not in ELEMENT_WIDTHS:
             raise invalid(where, f"float_width {self.float_width} is not one of {ELEMENT_WIDTHS}", encoding)
+        if self.liveness_ms is not None and self.liveness_ms < 2 * self.heartbeat_interval_ms:
+            raise invalid(
+                where,
+                f"liveness_ms {self.liveness_ms} is under two heartbeat intervals "
+                f"({self.heartbeat_interval_ms} ms each)",
+                encoding,
+            )
+
+    @property
+    def loss_window(self) -> float:
+        """Seconds of silence after which a member or the rendezvous is lost."""
+        if self.liveness_ms is not None:
+            return self.liveness_ms / 1000
+        return LOSS_INTERVALS * self.heartbeat_interval_ms / 1000
 
 
 # --- messages ----------------------------------------------------------------------

@@ -311,6 +311,7 @@ local STRUCTS = {
     [4] = {name = "operation_timeout_ms", value = {kind = "uint"}},
     [5] = {name = "block_elements", value = {kind = "uint"}},
     [6] = {name = "float_width", value = {kind = "uint"}},
+    [7] = {name = "liveness_ms", value = {kind = "uint"}},
   },
   node_ref = {
     [1] = {name = "node_id", value = {kind = "text"}},

@@ -63,7 +63,8 @@ def test_a_value_the_wire_cannot_carry_is_refused_naming_its_source(option: Opti
     assert (low, high) == (kind.minimum, kind.maximum)
     role = option.roles[0]
     for value in (low, high):
-        assert getattr(_resolve(["--role", role, option.flag, str(value)]), option.name) == value
+        shortest = ["--heartbeat-ms", "10"] if option.name == "liveness_ms" else []  # two intervals at least
+        assert getattr(_resolve(["--role", role, *shortest, option.flag, str(value)]), option.name) == value
     config = tmp_path / "node.toml"
     config.write_text(f'role = "{role}"\n{option.name} = {high + 1}\n')
     for argv, environ, source in (
@@ -76,6 +77,19 @@ def test_a_value_the_wire_cannot_carry_is_refused_naming_its_source(option: Opti
         assert info.value.detail.startswith(f"{source}: ")
         assert f"outside [{low}, {high}]" in info.value.detail
         assert f"{cls.__name__}.{field}" in info.value.detail
+
+
+def test_the_liveness_window_defaults_to_fifteen_seconds_and_is_at_least_two_intervals(
+    tmp_path: Path,
+) -> None:
+    assert _resolve(["--role", "rendezvous"]).liveness_ms == 15_000
+    assert _resolve(["--role", "rendezvous", "--heartbeat-ms", "10000"]).liveness_ms == 30_000  # 3 intervals
+    assert _resolve(["--role", "endpoint"], {"CCO_LIVENESS_MS": "60000"}).liveness_ms == 60_000
+    config = tmp_path / "rv.toml"
+    config.write_text('role = "rendezvous"\nheartbeat_ms = 500\nliveness_ms = 900\n')
+    with pytest.raises(CcoError) as info:
+        _resolve(["--config", str(config)])
+    assert info.value.detail == "--liveness-ms 900 is under two heartbeat intervals (--heartbeat-ms 500)"
 
 
 FLOORED = [option for option in OPTIONS if option.minimum is not None]

@@ -32,7 +32,9 @@ T = TypeVar("T")
 GROUP = bytes.fromhex("c1" * 16)
 # A long operation timeout: a barrier that is waited for shows as a wait of seconds,
 # well apart from a close that does not wait.
-PARAMS = GroupParams(chunk_elements=1024, window=4, heartbeat_interval_ms=200, operation_timeout_ms=10_000)
+PARAMS = GroupParams(
+    chunk_elements=1024, window=4, heartbeat_interval_ms=1000, operation_timeout_ms=10_000, liveness_ms=10_000
+)
 NAMES = [f"c-{i}" for i in range(3)]
 
 

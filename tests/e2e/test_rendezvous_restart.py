@@ -26,9 +26,9 @@ from logcheck import log_problems
 from rendezvous_harness import formed
 
 from cco.localcluster import ClusterSpec, LocalCluster
-from cco.nodes.liveness import LOSS_INTERVALS
 from cco.nodes.rendezvous_config import RESUME_REDIAL_GAP
 from cco.services.store import RendezvousStore
+from cco.wire.messages import LOSS_INTERVALS
 
 RANKS = 4
 AGGREGATORS = 3

@@ -4,10 +4,13 @@ the rendezvous, and the grace for which its groups outlive that loss.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from aggregator_rig import (
     ADDRESS,
     GROUP,
+    PARAMS,
     PARENT,
     Rig,
     assignment,
@@ -63,10 +66,25 @@ def test_silent_rendezvous_is_lost_after_three_intervals() -> None:
         out = rig.timer(deadline)
     assert rig.now == pytest.approx(0.3)
     assert [c for c in out if isinstance(c, ClosePeer)] == [
-        ClosePeer("rv", ErrorCode.PEER_LOST, "no message for three heartbeat intervals")
+        ClosePeer("rv", ErrorCode.PEER_LOST, "no message from the rendezvous for 0.3 s (the liveness window)")
     ]
     assert rig.machine.state is NodeState.DETACHED
     assert sent(rig.feed(PeerConnected("rv2", "rendezvous", Role.RENDEZVOUS)), "rv2", AggregatorRegister)
+
+
+def test_an_aggregator_waits_as_long_as_its_groups_liveness_window() -> None:
+    """Heartbeats every 100 ms, but a group with a 2 s window: the machine that may
+    stall its members that long may stall the aggregator too."""
+    rig = Rig()
+    rig.register(heartbeat_ms=100)
+    rig.connect("ep0", "ep1")
+    rig.rendezvous(assignment({"ep0": [0], "ep1": [1]}, params=dataclasses.replace(PARAMS, liveness_ms=2000)))
+    start = rig.now
+    while rig.machine.state is NodeState.REGISTERED:
+        deadline = rig.machine.next_deadline()
+        assert deadline is not None
+        rig.timer(deadline)
+    assert rig.now - start == pytest.approx(2.0)
 
 
 def test_losing_the_rendezvous_keeps_serving_groups() -> None:

@@ -140,6 +140,38 @@ def test_epoch_change_fails_in_flight_operations_naming_lost_ranks() -> None:
     assert completed.result.tolist() == [4 + 0 + 3] * 4
 
 
+def test_a_rank_that_left_on_purpose_does_not_fail_an_operation_this_rank_sent_in_full() -> None:
+    """Rank 0 completed its last all-reduce and closed at once: its Leave (NO_ERROR) may
+    reach this rank before this rank's copy of the Result.  The operation to which this
+    rank sent every chunk still completes from the old epoch's Result; one with chunks
+    still held back by the window cannot, and fails naming the rank that left."""
+    rig = joined()
+    sent_in_full, out = rig.start(int_request([1, 1, 1, 1]))  # one chunk
+    (mine,) = sent(out, rig.parent, Contribution)
+    held_back, out = rig.start(int_request([2] * 12))  # three chunks; the window of 2 sends one
+    assert len(sent(out, rig.parent, Contribution)) == 1
+    change = EpochChange(
+        group_id=GROUP, epoch=2, members=bitmap_from_ranks([1, 2, 3]), code=ErrorCode.NO_ERROR
+    )
+    (error,) = failures(rig.rendezvous(change))
+    assert error.op_id == held_back and error.code is ErrorCode.PEER_LOST
+    assert error.missing_ranks == frozenset({0}) and "ranks {0} left" in str(error)
+    (completed,) = [c for c in rig.from_parent(result_for(mine)) if isinstance(c, OperationCompleted)]
+    assert completed.op_id == sent_in_full and completed.result is not None
+    assert completed.result.tolist() == [0 + 1 + 2 + 3] * 4  # rank 0's contribution counted, exact
+
+
+def test_a_rank_that_was_lost_fails_even_an_operation_sent_in_full() -> None:
+    """PEER_LOST is no promise that the lost rank contributed: everything in flight fails."""
+    rig = joined()
+    op_id, _ = rig.start(int_request([1, 1, 1, 1]))
+    change = EpochChange(
+        group_id=GROUP, epoch=2, members=bitmap_from_ranks([1, 2, 3]), code=ErrorCode.PEER_LOST
+    )
+    (error,) = failures(rig.rendezvous(change))
+    assert error.op_id == op_id and error.missing_ranks == frozenset({0})
+
+
 def test_elastic_sessions_accept_the_new_membership_at_the_epoch_change() -> None:
     rig = Rig(
         machine=EndpointMachine(
@@ -231,12 +263,33 @@ def test_heartbeats_and_rendezvous_loss() -> None:
         out = rig.timer(deadline)
     assert rig.now == pytest.approx(0.4) and rig.machine.state is SessionState.READY
     assert (
-        ClosePeer("rv", ErrorCode.PEER_LOST, "no message from the rendezvous for three heartbeat intervals")
+        ClosePeer("rv", ErrorCode.PEER_LOST, "no message from the rendezvous for 0.3 s (the liveness window)")
         in out
     )
     assert failures(out) == [] and sent(rig.timer(1.0), "rv") == []  # no heartbeats while detached
     (done,) = [c for c in rig.from_parent(result_for(mine)) if isinstance(c, OperationCompleted)]
     assert done.result is not None and done.result.tolist() == [0 + 1 + 2 + 3 - RANK + 1]
+
+
+def test_the_groups_liveness_window_not_the_heartbeat_interval_bounds_the_rendezvous_silence() -> None:
+    """Heartbeats every 100 ms, but a rendezvous silent for 2 s (a stalled process on
+    either side) is still attached: the group's liveness_ms is the rule."""
+    rig = Rig()
+    rig.join(
+        GroupParams(
+            chunk_elements=4,
+            window=2,
+            heartbeat_interval_ms=100,
+            operation_timeout_ms=60_000,
+            liveness_ms=2000,
+        )
+    )
+    beats = 0
+    while rig.machine.link is LinkState.ATTACHED:
+        deadline = rig.machine.next_deadline()
+        assert deadline is not None
+        beats += len(sent(rig.timer(deadline), "rv", Heartbeat))
+    assert rig.now == pytest.approx(2.0) and beats >= 19
 
 
 def _detached(grace: float = 5.0) -> Rig:
@@ -384,7 +437,7 @@ def test_a_silent_rendezvous_is_closed_and_a_joined_session_detaches_without_joi
     rig.join(GroupParams(chunk_elements=4, window=2, heartbeat_interval_ms=100, operation_timeout_ms=1000))
     out = rig.timer(rig.now + 0.31)  # three silent heartbeat intervals
     assert (
-        ClosePeer("rv", ErrorCode.PEER_LOST, "no message from the rendezvous for three heartbeat intervals")
+        ClosePeer("rv", ErrorCode.PEER_LOST, "no message from the rendezvous for 0.3 s (the liveness window)")
         in out
     )
     assert not [c for c in out if isinstance(c, JoinFailed)]

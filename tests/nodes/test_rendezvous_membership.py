@@ -10,8 +10,10 @@ connection); the tests then check what a particular input must do.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
-from rendezvous_harness import CRED, GID, INTERVAL, OTHER, Harness, only, sent_to
+from rendezvous_harness import CRED, GID, INTERVAL, OTHER, WINDOW, Harness, only, sent_to
 
 from cco.nodes.events import (
     ClosePeer,
@@ -161,10 +163,10 @@ def test_heartbeats_flow_each_interval_and_echo_the_peers_seq() -> None:
     assert h.rv.next_deadline() == pytest.approx(2 * INTERVAL)
 
 
-def test_silent_member_is_lost_after_three_intervals() -> None:
+def test_silent_member_is_lost_after_the_liveness_window() -> None:
     h = Harness()
     active_group(h, aggregators=3)
-    for _ in range(2):
+    for _ in range(round(WINDOW / INTERVAL) - 1):
         h.now += INTERVAL
         for peer in ("e0", "e1", "e2", "agg-0", "agg-1", "agg-2"):
             h.send(peer, Heartbeat(seq=1))
@@ -174,13 +176,44 @@ def test_silent_member_is_lost_after_three_intervals() -> None:
     for peer in ("e0", "e1", "e2", "agg-0", "agg-1", "agg-2"):
         h.send(peer, Heartbeat(seq=2))
     cmds = h.feed(TimerFired())
-    assert ClosePeer("e3", ErrorCode.PEER_LOST, "no message for 3 heartbeat intervals") in cmds
+    assert ClosePeer("e3", ErrorCode.PEER_LOST, "no message for 15 s (the liveness window)") in cmds
     change = only(cmds, "e0", EpochChange)
     assert (
         isinstance(change, EpochChange) and change.code is ErrorCode.PEER_LOST and change.members == b"\x07"
     )
     h.check_state()
     assert h.feed(MessageReceived("e3", Heartbeat(seq=3))) == []  # late input for a closed peer
+
+
+def _silent_member_lost_after(params: GroupParams, rendezvous_params: GroupParams = DEFAULT_PARAMS) -> float:
+    """Seconds of silence after which e3 (the others heartbeating) is lost."""
+    config = RendezvousConfig(
+        groups={GID: GroupConfig(world_size=4, credential=CRED, params=params)}, params=rendezvous_params
+    )
+    h = Harness(config=config)
+    active_group(h, aggregators=3)
+    start = h.now
+    while "e3" not in h.closed:
+        deadline = h.rv.next_deadline()
+        assert deadline is not None
+        h.now = deadline
+        for peer in ("e0", "e1", "e2", "agg-0", "agg-1", "agg-2"):
+            h.send(peer, Heartbeat(seq=1))
+        h.feed(TimerFired())
+    assert [m.rank for m in h.group().members] == [0, 1, 2]
+    return h.now - start
+
+
+def test_without_liveness_ms_a_member_is_lost_after_three_heartbeat_intervals() -> None:
+    old_rule = dataclasses.replace(DEFAULT_PARAMS, heartbeat_interval_ms=200, liveness_ms=None)
+    assert _silent_member_lost_after(old_rule, old_rule) == pytest.approx(0.6)
+
+
+def test_a_group_with_a_longer_window_than_the_rendezvous_keeps_its_silent_member_that_long() -> None:
+    short = dataclasses.replace(DEFAULT_PARAMS, liveness_ms=3000)
+    long = dataclasses.replace(DEFAULT_PARAMS, liveness_ms=40_000)
+    assert _silent_member_lost_after(long, short) == pytest.approx(40.0)
+    assert _silent_member_lost_after(short, long) == pytest.approx(40.0)  # the rendezvous's own is longer
 
 
 def test_disconnected_aggregator_is_replaced() -> None:

@@ -244,9 +244,11 @@ def test_the_grace_ends_on_any_input_after_its_deadline() -> None:
     assert [m.connected for m in h.group().members] == [True]
 
 
-def test_the_resume_grace_is_configurable_and_defaults_to_twelve_seconds() -> None:
-    assert RendezvousConfig().resume_grace == pytest.approx(12.0)
-    fast = dataclasses.replace(DEFAULT_PARAMS, heartbeat_interval_ms=100)
+def test_the_resume_grace_is_configurable_and_defaults_to_the_window_and_nine_seconds() -> None:
+    assert RendezvousConfig().resume_grace == pytest.approx(24.0)
+    old_rule = dataclasses.replace(DEFAULT_PARAMS, liveness_ms=None)  # three intervals of 1 s
+    assert RendezvousConfig(params=old_rule).resume_grace == pytest.approx(12.0)
+    fast = dataclasses.replace(DEFAULT_PARAMS, heartbeat_interval_ms=100, liveness_ms=None)
     assert RendezvousConfig(params=fast).resume_grace == pytest.approx(
         9.3
     )  # peers' redial gaps do not shrink

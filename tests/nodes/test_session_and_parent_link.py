@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from cco.nodes.events import ClosePeer, ConnectTo, SendMessage
-from cco.nodes.liveness import LOSS_INTERVALS, Liveness
+from cco.nodes.liveness import Liveness
 from cco.nodes.parent import Dials, ParentLink
 from cco.nodes.session import RendezvousSession, Tick
 from cco.wire.errors import ErrorCode
-from cco.wire.messages import Address, Heartbeat, JoinRequest, NodeRef
+from cco.wire.messages import LOSS_INTERVALS, Address, Heartbeat, JoinRequest, NodeRef
 
 
 def test_a_peer_silent_for_loss_intervals_is_lost_and_not_a_moment_before() -> None:
@@ -19,7 +19,13 @@ def test_a_peer_silent_for_loss_intervals_is_lost_and_not_a_moment_before() -> N
     assert not liveness.lost(liveness.lost_at() - 1e-9) and liveness.lost(liveness.lost_at())
     liveness.heard(11.0)
     assert liveness.lost_at() == 11.0 + LOSS_INTERVALS * 0.5
-    assert liveness.lost_at(interval=2.0) == 11.0 + LOSS_INTERVALS * 2.0  # a longer window asked for
+    assert liveness.lost_at(window=6.0) == 17.0  # a longer window asked for
+
+
+def test_a_liveness_window_apart_from_the_interval_keeps_a_silent_peer_that_long() -> None:
+    liveness = Liveness.starting(0.5, now=10.0, window=15.0)
+    assert liveness.deadline() == 10.5  # heartbeats still every interval
+    assert not liveness.lost(24.999) and liveness.lost(25.0)
 
 
 def test_heartbeats_are_due_every_interval_and_the_deadline_is_the_earlier_of_beat_and_loss() -> None:
@@ -28,7 +34,7 @@ def test_heartbeats_are_due_every_interval_and_the_deadline_is_the_earlier_of_be
     assert not liveness.beat_due(0.5)
     assert liveness.beat_due(1.2) and liveness.next_heartbeat == pytest.approx(2.2)
     assert not liveness.beat_due(1.3)
-    assert liveness.deadline(interval=0.1) == pytest.approx(0.3)  # the loss comes first
+    assert liveness.deadline(window=0.3) == pytest.approx(0.3)  # the loss comes first
 
 
 def test_a_session_heartbeats_only_once_accepted_and_reports_the_loss() -> None:
@@ -42,6 +48,10 @@ def test_a_session_heartbeats_only_once_accepted_and_reports_the_loss() -> None:
     assert [session.heartbeat().message, session.heartbeat().message] == [Heartbeat(seq=1), Heartbeat(seq=2)]
     session.heard(2.0)
     assert session.tick(2.0 + LOSS_INTERVALS) is Tick.LOST
+    session.greet("rv2", greeting)
+    session.accept(1.0, now=10.0, window=15.0)
+    assert session.tick(24.9) is not Tick.LOST and session.tick(25.0) is Tick.LOST
+    assert session.silence() == "no message from the rendezvous for 15 s (the liveness window)"
 
 
 def test_a_detached_session_counts_its_grace_from_the_first_loss_until_accepted_again() -> None:

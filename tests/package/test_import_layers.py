@@ -37,6 +37,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "cco.demo",
                 "cco.interop",
                 "cco.localcluster",
+                "cco.standalone",
                 "cco.torch",
             }
         ),

@@ -23,7 +23,6 @@ from cco.nodes.events import (
     SendMessage,
     TimerFired,
 )
-from cco.nodes.liveness import LOSS_INTERVALS
 from cco.nodes.rendezvous import GroupConfig, RendezvousConfig, RendezvousMachine
 from cco.nodes.rendezvous_config import DEFAULT_PARAMS, RESUME_REDIAL_GAP
 from cco.nodes.rendezvous_durable import DurableState
@@ -245,7 +244,8 @@ def only(cmds: Iterable[Command], peer: str, kind: type[Message]) -> Message:
 # --- join and rank assignment -----------------------------------------------------------
 
 
-GRACE = LOSS_INTERVALS * INTERVAL + RESUME_REDIAL_GAP
+WINDOW = DEFAULT_PARAMS.loss_window
+GRACE = WINDOW + RESUME_REDIAL_GAP
 
 
 class VersionedHarness(Harness):

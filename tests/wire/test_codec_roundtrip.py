@@ -322,6 +322,25 @@ def test_group_params_block_elements_and_float_width() -> None:
         assert info.value.code is ErrorCode.INVALID_FIELD, bad
 
 
+def test_group_params_liveness_window_absent_means_three_intervals() -> None:
+    base = {1: 4, 2: 2, 3: 100, 4: 1000, 5: 256}
+    assert GroupParams.from_map(base).liveness_ms is None
+    assert GroupParams.from_map(base).loss_window == pytest.approx(0.3)
+    params = GroupParams.from_map({**base, 7: 15_000})
+    assert params.liveness_ms == 15_000 and params.loss_window == 15.0
+    assert params.to_map() == {**base, 7: 15_000}
+    assert GroupParams.from_map({**base, 7: 200}).loss_window == 0.2  # two intervals: the least
+    for bad in (199, 19, 3_600_001):
+        with pytest.raises(DecodeError) as info:
+            GroupParams.from_map({**base, 7: bad})
+        assert info.value.code is ErrorCode.INVALID_FIELD, bad
+    under_two = GroupParams(
+        chunk_elements=4, window=2, heartbeat_interval_ms=100, operation_timeout_ms=1000, liveness_ms=150
+    )
+    with pytest.raises(EncodeError, match="under two heartbeat intervals"):
+        under_two.to_map()
+
+
 # --- framing -----------------------------------------------------------------------
 
 
