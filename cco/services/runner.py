@@ -33,9 +33,11 @@ from cco.nodes.events import (
     PeerConnected,
     PeerDisconnected,
     PeerId,
+    Report,
     SendMessage,
     TimerFired,
 )
+from cco.services.reports import log_report
 from cco.transport.link import LinkClosed, PeerLink
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import ranks_from_bitmap
@@ -106,6 +108,8 @@ class MachineRunner:
         self.machine = machine
         self._connector = connector
         self.on_command = on_command
+        self.on_report: Callable[[Report], None] = lambda report: None
+        """Sees every Report after it is logged (the metrics count them)."""
         self.clock = clock
         self._links: dict[PeerId, PeerLink] = {}
         self._departing: set[PeerLink] = set()  # gone from _links, connection not yet terminated
@@ -205,6 +209,9 @@ class MachineRunner:
             link = self._links.get(command.peer)
             if link is not None:
                 link.close(command.code, command.detail)
+        elif isinstance(command, Report):
+            log_report(command)
+            self.on_report(command)
         else:
             self.on_command(command)
         return None
