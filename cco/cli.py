@@ -3,6 +3,8 @@
     cco-node --role rendezvous|aggregator|endpoint [options]   run one node
     cco-node certs --dir DIR NODE_ID:ROLE ...                   development CA and node certs
     cco-node demo [options]                                     a local cluster doing verified all-reduces
+    cco-node status --rendezvous HOST:PORT [options]            what a live node is doing
+    cco-node trace-analyze DUMP ...                             which rank a hung collective waits for
 
 Options come from flags, CCO_* environment variables and a TOML file (--config); see
 ``cco-node --help``.  Every mistake ends in one line on stderr naming its cause (and
@@ -32,10 +34,12 @@ USAGE = """\
 usage: cco-node --role rendezvous|aggregator|endpoint [options]   run one node
        cco-node certs --dir DIR [--force] NODE_ID:ROLE ...         create development certificates
        cco-node demo [options]                                     a local cluster doing verified all-reduces
+       cco-node status --rendezvous HOST:PORT [options]            what a live node is doing
+       cco-node trace-analyze DUMP ...                             which rank a hung collective waits for
        cco-node --version
 
-New here? Run `cco-node demo`.  `cco-node --help`, `cco-node certs --help` and
-`cco-node demo --help` describe every option."""
+New here? Run `cco-node demo`.  `cco-node --help` and `cco-node COMMAND --help`
+(certs, demo, status, trace-analyze) describe every option."""
 
 
 class UsageError(Exception):
@@ -75,7 +79,8 @@ def node_parser() -> argparse.ArgumentParser:
         prog="cco-node",
         description="Run a CCO node (rendezvous, aggregator or endpoint) over QUIC. "
         "New here? `cco-node demo` runs a whole cluster on this machine.",
-        epilog="Other commands: `cco-node certs --help`, `cco-node demo --help`. "
+        epilog="Other commands: `cco-node certs --help`, `cco-node demo --help`, `cco-node status --help`, "
+        "`cco-node trace-analyze --help`. "
         "Precedence: flags > CCO_* environment > --config TOML file > defaults; relative paths "
         "in the TOML file are relative to that file.  Exit status: 0 done (or stopped by "
         "SIGINT/SIGTERM), 1 a failed run, 2 bad usage or configuration (including credentials, "
@@ -230,6 +235,10 @@ def main(argv: list[str] | None = None) -> int:
             from cco.demo import demo_main
 
             return demo_main(argv[1:])
+        if argv[0] == "status":
+            from cco.status_cli import status_main
+
+            return status_main(argv[1:], OneLineParser)
         return _run_node(argv)
     except UsageError as exc:
         print(f"cco-node: {exc}", file=sys.stderr)

@@ -136,6 +136,14 @@ OPTIONS: tuple[Option, ...] = (
         role_defaults={A: "127.0.0.1:4434"},
     ),
     Option("advertise", "HOST:PORT children should connect to; default: --listen", None, _hostport, (A,)),
+    Option(
+        "status_listen",
+        "HOST:PORT (UDP) where this endpoint answers `cco-node status` (endpoints accept no other "
+        "connections; default: none, a rendezvous and an aggregator answer on --listen)",
+        None,
+        _hostport,
+        (E,),
+    ),
     Option("rendezvous", "HOST:PORT of the rendezvous", "127.0.0.1:4433", _hostport, (A, E)),
     Option("rendezvous_id", "node id the rendezvous certificate must carry", "rendezvous", str, (A, E)),
     Option("labels", "comma-separated location labels used for tree planning", (), _labels, (A, E)),

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from cco.client import Communicator, GroupSpec
-from cco.config import NodeConfig
+from cco.config import NodeConfig, parse_hostport
 from cco.nodes.calls import CollectiveRequest
 from cco.nodes.operation import Quorum
 from cco.services.polling import give_way
@@ -113,6 +113,9 @@ async def run_endpoint(cfg: NodeConfig) -> int:
         comm.world_size,
         transport.quic_backend,
     )
+    if cfg.status_listen is not None:
+        host, port = await comm.service.listen_status(*parse_hostport(cfg.status_listen))
+        log.info("%s answers status on %s:%d", cfg.node_id, host, port)
     try:
         if await _unless_stopped(_workload(comm, cfg), stop, cfg.node_id):
             # leave at once (no closing barrier) so that the other ranks' collectives

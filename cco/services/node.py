@@ -14,9 +14,10 @@ from collections.abc import Awaitable, Callable
 
 from cco.nodes.events import Command, ConnectTo
 from cco.services.runner import Machine, MachineRunner
+from cco.services.status import build_reply
 from cco.transport import LocalIdentity, PeerLink, Server, TransportConfig, connect, serve
-from cco.wire.errors import CcoError
-from cco.wire.messages import MAX_CHUNK_ELEMENTS, Capabilities
+from cco.wire.errors import CcoError, ErrorCode
+from cco.wire.messages import MAX_CHUNK_ELEMENTS, Capabilities, Error, Message, StatusReply, StatusRequest
 from cco.wire.registries import Collective, DType, ReduceOp, Role
 
 RENDEZVOUS_PEER = "rendezvous"
@@ -57,7 +58,9 @@ class NodeService:
         self.transport = transport
         self.connect_timeout = connect_timeout
         self.runner = MachineRunner(machine, self._dial, on_command)
+        self.runner.status = self.status
         self.server: Server | None = None
+        self.status_server: Server | None = None
 
     @property
     def machine(self) -> Machine:
@@ -70,6 +73,27 @@ class NodeService:
 
     def _accepted(self, link: PeerLink) -> None:
         self.runner.attach(link)
+
+    def status(self, request: StatusRequest, limit: int, now: float) -> StatusReply:
+        """This node's answer to ``request``, within ``limit`` bytes and its own message size."""
+        return build_reply(
+            request,
+            role=self.identity.role,
+            node_id=self.identity.node_id,
+            machine=self.runner.machine,
+            recorder=self.runner.recorder,
+            now=now,
+            max_size=min(limit, self.transport.max_message_size),
+        )
+
+    async def listen_status(self, host: str, port: int) -> tuple[str, int]:
+        """Answer StatusRequest on an address of its own (an endpoint, which accepts no
+        other connections): any other message there closes the connection."""
+        self.status_server = await serve(host, port, self.transport, self.identity, self._status_link)
+        return self.status_server.address
+
+    def _status_link(self, link: PeerLink) -> None:
+        link.listen(_StatusOnly(self, link))
 
     async def join_rendezvous(
         self, host: str, port: int, rendezvous_id: str, peer: str = RENDEZVOUS_PEER
@@ -94,8 +118,29 @@ class NodeService:
 
     async def close(self) -> None:
         await self.runner.close()
-        if self.server is not None:
-            await self.server.close()
+        for server in (self.server, self.status_server):
+            if server is not None:
+                await server.close()
+
+
+class _StatusOnly:
+    """A connection to a status address: StatusRequests answered, anything else refused."""
+
+    def __init__(self, service: NodeService, link: PeerLink) -> None:
+        self._service = service
+        self._link = link
+
+    def deliver(self, item: Message | CcoError) -> None:
+        link = self._link
+        if isinstance(item, StatusRequest):
+            now = self._service.runner.clock()
+            link.send(self._service.status(item, link.capabilities.max_message_size, now))
+            link.flush()
+        elif not isinstance(item, Error):
+            link.close(ErrorCode.PROTOCOL_VIOLATION, "this address answers StatusRequest only")
+
+    def closed(self, code: ErrorCode, detail: str) -> None:
+        """Nothing to undo: the connection held no state."""
 
 
 class Redialer:
