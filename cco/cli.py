@@ -239,6 +239,10 @@ def main(argv: list[str] | None = None) -> int:
             from cco.status_cli import status_main
 
             return status_main(argv[1:], OneLineParser)
+        if argv[0] == "trace-analyze":
+            from cco.trace import trace_main
+
+            return trace_main(argv[1:], OneLineParser)
         return _run_node(argv)
     except UsageError as exc:
         print(f"cco-node: {exc}", file=sys.stderr)

@@ -137,6 +137,16 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("advertise", "HOST:PORT children should connect to; default: --listen", None, _hostport, (A,)),
     Option(
+        "recorder_entries",
+        "operations and chunks the flight recorder keeps (dumped on SIGUSR1 to the state directory, "
+        "read by `cco-node status`)",
+        4096,
+        int,
+        (R, A, E),
+        minimum=1,
+        maximum=1 << 20,
+    ),
+    Option(
         "status_listen",
         "HOST:PORT (UDP) where this endpoint answers `cco-node status` (endpoints accept no other "
         "connections; default: none, a rendezvous and an aggregator answer on --listen)",
@@ -343,14 +353,19 @@ def default_store_path(node_id: str, listen: str, ca_fingerprint: str, environ: 
     so that a restarted rendezvous carries on from its own state while another job
     on the same host, with the same node id but another port or another CA, never
     restores the groups of this one."""
-    if environ.get("STATE_DIRECTORY"):
-        base = Path(environ["STATE_DIRECTORY"].split(":")[0])
-    elif environ.get("XDG_STATE_HOME"):
-        base = Path(environ["XDG_STATE_HOME"]) / "cco"
-    else:
-        base = Path.home() / ".local" / "state" / "cco"
     _, port = parse_hostport(listen)
-    return base / f"rendezvous-{node_id}-{port}-{ca_fingerprint[:16]}.sqlite3"
+    return state_directory(environ) / f"rendezvous-{node_id}-{port}-{ca_fingerprint[:16]}.sqlite3"
+
+
+def state_directory(environ: Mapping[str, str]) -> Path:
+    """Where a node keeps what it writes for later (a rendezvous's store, flight-recorder
+    dumps): ``$STATE_DIRECTORY`` (systemd's ``StateDirectory=``), else
+    ``$XDG_STATE_HOME/cco``, else ``~/.local/state/cco``."""
+    if environ.get("STATE_DIRECTORY"):
+        return Path(environ["STATE_DIRECTORY"].split(":")[0])
+    if environ.get("XDG_STATE_HOME"):
+        return Path(environ["XDG_STATE_HOME"]) / "cco"
+    return Path.home() / ".local" / "state" / "cco"
 
 
 @dataclass(frozen=True)

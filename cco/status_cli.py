@@ -20,9 +20,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cco.services.status import reply_json
 from cco.wire.errors import CcoError, ErrorCode
-from cco.wire.fields import ranks_from_bitmap
-from cco.wire.messages import Error, RecordView, StatusReply, StatusRequest
+from cco.wire.messages import Error, StatusReply, StatusRequest
 
 DEFAULT_RECORDS = 64
 """Flight-recorder entries asked for when --records is not given."""
@@ -68,61 +68,6 @@ def status_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.Argum
         "--timeout", type=float, default=10.0, help="seconds to wait for the answer (default 10)"
     )
     return parser
-
-
-def reply_json(reply: StatusReply) -> dict[str, Any]:
-    """The reply as plain JSON values: ids in hex, rank bitmaps as lists of ranks."""
-    return {
-        "role": reply.role.name.lower(),
-        "node_id": reply.node_id,
-        "uptime_ms": reply.uptime_ms,
-        "groups": [
-            {
-                "group_id": group.group_id.hex(),
-                "epoch": group.epoch,
-                "state": group.state,
-                "world_size": group.world_size,
-                "members": [
-                    {"rank": m.rank, "node_id": m.node_id, "state": m.state, "connected": bool(m.connected)}
-                    for m in group.members
-                ],
-                "tree": [
-                    {"node_id": n.node_id, "ranks": sorted(ranks_from_bitmap(n.ranks)), "parent": n.parent}
-                    for n in group.tree
-                ],
-            }
-            for group in reply.groups
-        ],
-        "aggregators": [
-            {
-                "node_id": a.node_id,
-                "address": f"{a.address.host}:{a.address.port}",
-                "capacity": a.capacity,
-                "max_fan_in": a.max_fan_in,
-                "groups": a.groups,
-                "connected": bool(a.connected),
-                "labels": list(a.labels),
-            }
-            for a in reply.aggregators
-        ],
-        "records": [record_json(r) for r in reply.records],
-        "omitted": reply.omitted,
-    }
-
-
-def record_json(record: RecordView) -> dict[str, Any]:
-    return {
-        "group_id": record.group_id.hex(),
-        "epoch": record.epoch,
-        "op_id": record.op_id,
-        "chunk_index": record.chunk_index,
-        "kind": record.kind.name.lower(),
-        "state": record.state,
-        "elements": record.elements,
-        "missing": sorted(ranks_from_bitmap(record.missing)),
-        "started_ms": record.started_ms,
-        "updated_ms": record.updated_ms,
-    }
 
 
 def _ranks_text(ranks: list[int]) -> str:
@@ -234,4 +179,4 @@ def status_main(argv: list[str], parser_class: type[argparse.ArgumentParser]) ->
     return 0
 
 
-__all__ = ["ask", "record_json", "reply_json", "reply_text", "status_main"]
+__all__ = ["ask", "reply_text", "status_main"]

@@ -122,6 +122,19 @@ class Recorder:
         self.groups: dict[bytes, GroupPlace] = {}
         self._ops: dict[int, RecordKey] = {}  # an endpoint's op id -> its entry (one group per endpoint)
 
+    def resize(self, capacity: int) -> None:
+        """Keep at most ``capacity`` entries from now on (the oldest go first)."""
+        if capacity < 1:
+            raise ValueError(f"a flight recorder keeps at least 1 entry, not {capacity}")
+        self.capacity = capacity
+        self._trim()
+
+    def _trim(self) -> None:
+        while len(self.entries) > self.capacity:
+            _, old = self.entries.popitem(last=False)
+            if old.chunk_index is None:
+                self._ops.pop(old.op_id, None)
+
     # --- what the runner reports ------------------------------------------------------
 
     def received(self, message: Message, now: float) -> None:
@@ -196,10 +209,7 @@ class Recorder:
                     expected &= _mask(message.members)
                 entry.expected = expected
             self.entries[key] = entry
-            while len(self.entries) > self.capacity:
-                _, old = self.entries.popitem(last=False)
-                if old.chunk_index is None:
-                    self._ops.pop(old.op_id, None)
+            self._trim()
         return entry
 
     def _operation(self, message: ChunkMessage, now: float) -> Entry:
@@ -223,6 +233,7 @@ class Recorder:
                 operation.state = COMPLETE
         if entry.state != COMPLETE:
             entry.state = state
+        entry.received |= _mask(message.contributors)  # what it carries is no longer awaited here
         entry.updated = now
 
     def _abort(self, message: Abort, now: float) -> None:

@@ -12,15 +12,17 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import resource
 import signal
 import time
 from pathlib import Path
 
-from cco.config import NodeConfig, parse_hostport
+from cco.config import NodeConfig, parse_hostport, state_directory
 from cco.nodes.aggregator import AggregatorConfig, AggregatorMachine
 from cco.nodes.aggregator_states import NodeState
 from cco.nodes.rendezvous import GroupConfig, RendezvousConfig, RendezvousMachine
+from cco.services.dump import dump_on_signal
 from cco.services.node import NodeService, Redialer
 from cco.services.store import (
     PersistentRendezvous,
@@ -75,6 +77,12 @@ def parse_group_id(text: str) -> bytes:
     if len(group_id) != 16:
         raise CcoError(ErrorCode.INVALID_FIELD, f"group id must be 32 hex digits, got {text!r}")
     return group_id
+
+
+def observe(service: NodeService, cfg: NodeConfig) -> None:
+    """Size the node's flight recorder and dump it on SIGUSR1 (:mod:`cco.services.dump`)."""
+    service.runner.recorder.resize(cfg.recorder_entries)
+    dump_on_signal(service, state_directory(os.environ))
 
 
 REGISTRATION_REFUSED = 3
@@ -150,6 +158,7 @@ async def run_rendezvous(cfg: NodeConfig) -> int:
             for line in stored_groups(machine.machine.durable_state()):
                 log.info("restored %s", line)
         service = NodeService(machine, node_id, Role.RENDEZVOUS, transport)
+        observe(service, cfg)
         address = await service.listen(host, port)
         service.runner.execute_all([])  # arms the end of the grace period, should nobody come back
         log.info(
@@ -180,6 +189,7 @@ async def run_aggregator(cfg: NodeConfig) -> int:
         )
     )
     service = NodeService(machine, cfg.require("node_id"), Role.AGGREGATOR, transport_config(cfg))
+    observe(service, cfg)
     await service.listen(host, port)
     log.info(
         "aggregator %s listening on %s:%d (QUIC %s)", cfg.node_id, host, port, service.transport.quic_backend

@@ -11,12 +11,13 @@ aggregators, then groups, and ``omitted`` says how many entries were left out.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from cco.nodes.endpoint import EndpointMachine
 from cco.nodes.rendezvous import RendezvousMachine
 from cco.nodes.rendezvous_status import RendezvousStatus
 from cco.services.recorder import GroupPlace, Recorder
-from cco.wire.fields import bitmap_from_ranks
+from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap
 from cco.wire.messages import (
     MAX_STATUS_ITEMS,
     AggregatorView,
@@ -171,4 +172,59 @@ def fit(
         omitted += cut
 
 
-__all__ = ["build_reply", "fit", "rendezvous_groups"]
+def reply_json(reply: StatusReply) -> dict[str, Any]:
+    """The reply as plain JSON values: ids in hex, rank bitmaps as lists of ranks."""
+    return {
+        "role": reply.role.name.lower(),
+        "node_id": reply.node_id,
+        "uptime_ms": reply.uptime_ms,
+        "groups": [
+            {
+                "group_id": group.group_id.hex(),
+                "epoch": group.epoch,
+                "state": group.state,
+                "world_size": group.world_size,
+                "members": [
+                    {"rank": m.rank, "node_id": m.node_id, "state": m.state, "connected": bool(m.connected)}
+                    for m in group.members
+                ],
+                "tree": [
+                    {"node_id": n.node_id, "ranks": sorted(ranks_from_bitmap(n.ranks)), "parent": n.parent}
+                    for n in group.tree
+                ],
+            }
+            for group in reply.groups
+        ],
+        "aggregators": [
+            {
+                "node_id": a.node_id,
+                "address": f"{a.address.host}:{a.address.port}",
+                "capacity": a.capacity,
+                "max_fan_in": a.max_fan_in,
+                "groups": a.groups,
+                "connected": bool(a.connected),
+                "labels": list(a.labels),
+            }
+            for a in reply.aggregators
+        ],
+        "records": [record_json(r) for r in reply.records],
+        "omitted": reply.omitted,
+    }
+
+
+def record_json(record: RecordView) -> dict[str, Any]:
+    return {
+        "group_id": record.group_id.hex(),
+        "epoch": record.epoch,
+        "op_id": record.op_id,
+        "chunk_index": record.chunk_index,
+        "kind": record.kind.name.lower(),
+        "state": record.state,
+        "elements": record.elements,
+        "missing": sorted(ranks_from_bitmap(record.missing)),
+        "started_ms": record.started_ms,
+        "updated_ms": record.updated_ms,
+    }
+
+
+__all__ = ["build_reply", "fit", "record_json", "rendezvous_groups", "reply_json"]
