@@ -171,6 +171,8 @@ def checked(cfg: NodeConfig) -> NodeConfig:
     check_node_credentials(transport.ca_file, transport.cert_file, transport.key_file, cfg.node_id, role, now)
     if role is not Role.ENDPOINT:
         _check_listen(cfg)
+    if cfg.metrics_listen is not None:
+        _check_metrics_listen(cfg.metrics_listen)
     if role is Role.RENDEZVOUS and cfg.store is None:
         fingerprint = load_certificate(Path(transport.ca_file)).fingerprint(hashes.SHA256()).hex()
         store = default_store_path(cfg.node_id, cfg.listen, fingerprint, os.environ)
@@ -191,6 +193,31 @@ def _check_listen(cfg: NodeConfig) -> None:
             probe.bind(infos[0][4])
     except OSError as exc:
         raise RunFailure(_os_failure(exc, cfg)) from None
+
+
+def _check_metrics_listen(address: str) -> None:
+    """The metrics need prometheus-client and a TCP address this host can listen on."""
+    from cco.config import parse_hostport
+
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        raise UsageError(
+            "--metrics-listen needs the prometheus-client package: pip install 'cco[metrics]'"
+        ) from None
+    host, port = parse_hostport(address)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(infos[0][4])
+    except OSError as exc:
+        reason = (
+            "the address is already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+        )
+        raise RunFailure(
+            f"cannot serve metrics on {address} (TCP): {reason.lower()}; choose another with --metrics-listen"
+        ) from None
 
 
 def _run_node(argv: list[str]) -> int:

@@ -137,6 +137,14 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("advertise", "HOST:PORT children should connect to; default: --listen", None, _hostport, (A,)),
     Option(
+        "metrics_listen",
+        "HOST:PORT (TCP) to serve Prometheus metrics on, at /metrics (needs the prometheus-client "
+        "package: pip install 'cco[metrics]'; default: no metrics)",
+        None,
+        _hostport,
+        (R, A, E),
+    ),
+    Option(
         "recorder_entries",
         "operations and chunks the flight recorder keeps (dumped on SIGUSR1 to the state directory, "
         "read by `cco-node status`)",

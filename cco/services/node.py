@@ -118,6 +118,8 @@ class NodeService:
 
     async def close(self) -> None:
         await self.runner.close()
+        if self.runner.metrics is not None:
+            self.runner.metrics.close()
         for server in (self.server, self.status_server):
             if server is not None:
                 await server.close()

@@ -80,9 +80,17 @@ def parse_group_id(text: str) -> bytes:
 
 
 def observe(service: NodeService, cfg: NodeConfig) -> None:
-    """Size the node's flight recorder and dump it on SIGUSR1 (:mod:`cco.services.dump`)."""
+    """Size the node's flight recorder and dump it on SIGUSR1 (:mod:`cco.services.dump`);
+    serve its metrics if ``--metrics-listen`` asks for them (:mod:`cco.services.metrics`)."""
     service.runner.recorder.resize(cfg.recorder_entries)
     dump_on_signal(service, state_directory(os.environ))
+    if cfg.metrics_listen is not None:
+        from cco.services.metrics import NodeMetrics  # prometheus-client: only when asked for
+
+        metrics = NodeMetrics(service.runner)
+        host, port = metrics.serve(*parse_hostport(cfg.metrics_listen))
+        service.runner.metrics = metrics
+        log.info("%s serves metrics on http://%s:%d/metrics", cfg.node_id, host, port)
 
 
 REGISTRATION_REFUSED = 3

@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cco.nodes.events import (
     ClosePeer,
@@ -43,6 +43,9 @@ from cco.transport.link import LinkClosed, PeerLink
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import ranks_from_bitmap
 from cco.wire.messages import EpochChange, Error, Message, StatusReply, StatusRequest, TreeAssignment
+
+if TYPE_CHECKING:
+    from cco.services.metrics import NodeMetrics
 
 log = logging.getLogger(__name__)
 
@@ -114,10 +117,10 @@ class MachineRunner:
         self.machine = machine
         self._connector = connector
         self.on_command = on_command
-        self.on_report: Callable[[Report], None] = lambda report: None
-        """Sees every Report after it is logged (the metrics count them)."""
         self.clock = clock
         self.recorder = Recorder(clock(), recorder_entries)
+        self.metrics: NodeMetrics | None = None
+        """Counts what passes (``--metrics-listen``, :mod:`cco.services.metrics`)."""
         self.status: StatusSource | None = None
         """Builds the answer to a StatusRequest (:class:`~cco.services.node.NodeService`
         sets it); without one, a StatusRequest is refused."""
@@ -145,6 +148,8 @@ class MachineRunner:
                 self._answer_status(event.peer, message, now)
                 return
             self.recorder.received(message, now)
+            if self.metrics is not None:
+                self.metrics.received(message, now)
             if isinstance(message, (TreeAssignment, EpochChange)):
                 log.info("%s", describe_membership(message))
         try:
@@ -192,6 +197,10 @@ class MachineRunner:
         link.listen(_LinkListener(self, peer, link))
         return peer
 
+    def links(self) -> list[PeerLink]:
+        """The open connections, for the metrics' scrape-time gauges."""
+        return list(self._links.values())
+
     def _answer_status(self, peer: PeerId, request: StatusRequest, now: float) -> None:
         link = self._links.get(peer)
         if link is None:
@@ -236,7 +245,10 @@ class MachineRunner:
             except LinkClosed:  # closed meanwhile (often by the machine's own ClosePeer): departed
                 log.debug("dropping %s for closed link to %s", type(command.message).__name__, command.peer)
                 return None
-            self.recorder.sent(command.message, self.clock())
+            now = self.clock()
+            self.recorder.sent(command.message, now)
+            if self.metrics is not None:
+                self.metrics.sent(command.message, now)
             return link
         if isinstance(command, ConnectTo):
             self._spawn(self._connect(command))
@@ -246,9 +258,13 @@ class MachineRunner:
                 link.close(command.code, command.detail)
         elif isinstance(command, Report):
             log_report(command)
-            self.on_report(command)
+            if self.metrics is not None:
+                self.metrics.report(command)
         else:
-            self.recorder.command(command, self.clock())
+            now = self.clock()
+            self.recorder.command(command, now)
+            if self.metrics is not None:
+                self.metrics.command(command, now)
             self.on_command(command)
         return None
 

@@ -17,6 +17,7 @@ from cco.nodes.endpoint import EndpointMachine
 from cco.nodes.rendezvous import RendezvousMachine
 from cco.nodes.rendezvous_status import RendezvousStatus
 from cco.services.recorder import GroupPlace, Recorder
+from cco.services.store import PersistentRendezvous
 from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap
 from cco.wire.messages import (
     MAX_STATUS_ITEMS,
@@ -33,6 +34,13 @@ from cco.wire.registries import Role
 
 FRAME_OVERHEAD = 8
 """Bytes a frame adds to a message (its length prefix), at most."""
+
+
+def rendezvous_of(machine: object) -> RendezvousMachine | None:
+    """The rendezvous machine a runner drives, bare or behind its store; None for another role."""
+    if isinstance(machine, PersistentRendezvous):
+        return machine.machine
+    return machine if isinstance(machine, RendezvousMachine) else None
 
 
 def rendezvous_groups(status: RendezvousStatus) -> tuple[list[GroupView], list[AggregatorView]]:
@@ -114,8 +122,9 @@ def build_reply(
 ) -> StatusReply:
     """The StatusReply ``node_id`` gives, cut to ``max_size`` bytes framed."""
     aggregators: list[AggregatorView] = []
-    if isinstance(machine, RendezvousMachine):
-        groups, aggregators = rendezvous_groups(machine.status())
+    rendezvous = rendezvous_of(machine)
+    if rendezvous is not None:
+        groups, aggregators = rendezvous_groups(rendezvous.status())
     else:
         state = "active"
         if isinstance(machine, EndpointMachine):
@@ -227,4 +236,4 @@ def record_json(record: RecordView) -> dict[str, Any]:
     }
 
 
-__all__ = ["build_reply", "fit", "record_json", "rendezvous_groups", "reply_json"]
+__all__ = ["build_reply", "fit", "record_json", "rendezvous_groups", "rendezvous_of", "reply_json"]
