@@ -152,29 +152,56 @@ class Redialer:
     be taken for it."""
 
     def __init__(
-        self, service: NodeService, rendezvous: tuple[str, int], rendezvous_id: str, who: str
+        self,
+        service: NodeService,
+        rendezvous: tuple[str, int],
+        rendezvous_id: str,
+        who: str,
+        first_refusal_is_final: bool = False,
     ) -> None:
+        self.first_refusal_is_final = first_refusal_is_final
         self.service = service
         self.rendezvous = rendezvous
         self.rendezvous_id = rendezvous_id
         self.who = who
         self.attempts = 0
+        self.connected = False  # ever connected: from then on every failure is retried
         self._delay = REDIAL_FIRST
 
     async def attempt(self, pause: Callable[[float], Awaitable[None]]) -> bool:
-        """Dial once; on failure, log it and ``pause`` for the backoff.  True if connected."""
+        """Dial once; on failure, log it and ``pause`` for the backoff.  True if connected.
+
+        With ``first_refusal_is_final``, raises CcoError(UNAUTHORIZED) when the very
+        first connection is refused for authorization (a certificate of another CA, on
+        either side): asking again would be refused the same way, so the node should
+        stop and say so.  Once it has been connected, every failure is retried (a
+        restarting rendezvous)."""
         self.attempts += 1
         host, port = self.rendezvous
         try:
             await self.service.join_rendezvous(
                 host, port, self.rendezvous_id, peer=f"rendezvous#{self.attempts}"
             )
-        except (CcoError, OSError, TimeoutError) as exc:
-            log.warning(
-                "%s: rendezvous %s:%d unreachable (%s); again in %g s", self.who, host, port, exc, self._delay
-            )
-            await pause(self._delay)
-            self._delay = min(2 * self._delay, REDIAL_MAX)
+        except CcoError as exc:
+            if exc.code is ErrorCode.UNAUTHORIZED and self.first_refusal_is_final and not self.connected:
+                raise CcoError(
+                    ErrorCode.UNAUTHORIZED,
+                    f"{self.who}: rendezvous {host}:{port} and this node do not trust each other "
+                    f"({exc.detail}); are both certificates from the same group CA?",
+                ) from None
+            await self._failed(exc, pause)
             return False
+        except (OSError, TimeoutError) as exc:
+            await self._failed(exc, pause)
+            return False
+        self.connected = True
         self._delay = REDIAL_FIRST
         return True
+
+    async def _failed(self, exc: Exception, pause: Callable[[float], Awaitable[None]]) -> None:
+        host, port = self.rendezvous
+        log.warning(
+            "%s: rendezvous %s:%d unreachable (%s); again in %g s", self.who, host, port, exc, self._delay
+        )
+        await pause(self._delay)
+        self._delay = min(2 * self._delay, REDIAL_MAX)

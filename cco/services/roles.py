@@ -94,8 +94,9 @@ def observe(service: NodeService, cfg: NodeConfig) -> None:
 
 
 REGISTRATION_REFUSED = 3
-"""Exit status of an aggregator whose registration the rendezvous refused (asking
-again would not help: a service manager should not restart it unchanged)."""
+"""Exit status of an aggregator whose registration the rendezvous refused, or whose
+first connection to it was refused for authorization (asking again would not help:
+a service manager should not restart it unchanged)."""
 
 
 def stop_event() -> asyncio.Event:
@@ -221,7 +222,10 @@ async def _stay_registered(
     """Register with the rendezvous, and again whenever it is lost (a restart, a
     network failure), waiting 1 s, 2 s, 4 s ... up to 30 s between attempts, until
     SIGINT or SIGTERM (exit 0) or a refused registration (exit REGISTRATION_REFUSED)."""
-    redial = Redialer(service, parse_hostport(cfg.rendezvous), cfg.rendezvous_id, f"aggregator {cfg.node_id}")
+    who = f"aggregator {cfg.node_id}"
+    redial = Redialer(
+        service, parse_hostport(cfg.rendezvous), cfg.rendezvous_id, who, first_refusal_is_final=True
+    )
     reported = NodeState.DETACHED
     while not stop.is_set():
         if machine.refusal is not None:
@@ -236,7 +240,12 @@ async def _stay_registered(
         if machine.state is not NodeState.DETACHED:
             await pause(stop, 0.2)
             continue
-        if not await redial.attempt(lambda seconds: pause(stop, seconds)):
+        try:
+            connected = await redial.attempt(lambda seconds: pause(stop, seconds))
+        except CcoError as exc:  # refused for authorization at the first attempt: asking again would not help
+            log.error("%s; exiting", exc.detail)
+            return REGISTRATION_REFUSED
+        if not connected:
             continue
         if redial.attempts > 1:
             log.info("aggregator %s: registering again with rendezvous %s", cfg.node_id, cfg.rendezvous)
