@@ -28,7 +28,6 @@ from cco.services.store import (
     PersistentRendezvous,
     RendezvousStore,
     StoreError,
-    default_store_path,
     stored_groups,
 )
 from cco.transport import TransportConfig
@@ -148,7 +147,7 @@ async def run_rendezvous(cfg: NodeConfig) -> int:
         failures.append(error)
         stop.set()
 
-    store = RendezvousStore(cfg.store if cfg.store is not None else default_store_path(node_id))
+    store = RendezvousStore(cfg.require("store"))  # the default is filled in by cco.cli.checked
     try:
         machine = PersistentRendezvous.open(
             store, lambda state: RendezvousMachine.restored(state, time.monotonic(), config), store_failed
