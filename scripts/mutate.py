@@ -83,6 +83,7 @@ ENDPOINT_TESTS = (
     "tests/nodes/test_endpoint_calls.py",
     "tests/nodes/test_endpoint_results_chunk_by_chunk.py",
     "tests/nodes/test_endpoint_presence_passes.py",
+    "tests/nodes/test_endpoint_restarts.py",
     "tests/nodes/test_endpoint_tables.py",
     "tests/nodes/test_sim_clusters.py",
 )

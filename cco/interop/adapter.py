@@ -29,8 +29,14 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from cco.interop.jsonform import from_hex, message_from_json, message_to_json
-from cco.interop.verify import limits_from_json
+from cco.interop.jsonform import (
+    from_hex,
+    header_from_json,
+    limits_from_json,
+    message_from_json,
+    message_to_json,
+)
+from cco.interop.vectorfiles.common import verify_as_endpoint
 from cco.wire import blockscale
 from cco.wire.cbor import DecodeLimits
 from cco.wire.dtypes import element_type
@@ -40,14 +46,13 @@ from cco.wire.mac import INFO_K1, INFO_K2, contribution_tag, hkdf_expand_32, hkd
 from cco.wire.messages import ChunkMessage, PartialAggregate, Result, decode_message, encode_message
 from cco.wire.ops import Form, form, sums_exactly
 from cco.wire.payload import (
-    ChunkHeader,
     combine,
     decode_values,
     derive_group_keys,
     encode_values,
-    open_verified,
 )
 from cco.wire.registries import Collective, DType, ReduceOp
+from cco.workload import NUMPY_TYPES, make_input
 
 Json = dict[str, Any]
 
@@ -61,29 +66,6 @@ STORAGE: dict[DType, Any] = {
     DType.FLOAT32: np.float32,
     DType.FLOAT64: np.float64,
 }
-
-
-def header_from_json(header: Json) -> ChunkHeader:
-    """A chunk header in the vectors' JSON form (interop/payload.md)."""
-    scales = header.get("scales")
-    return ChunkHeader(
-        group_id=from_hex(header["group_id"]),
-        epoch=header["epoch"],
-        op_id=header["op_id"],
-        kind=Collective(header["kind"]),
-        op=ReduceOp(header["op"]),
-        dtype=DType(header["dtype"]),
-        total_elements=header["total_elements"],
-        chunk_elements=header["chunk_elements"],
-        chunk_index=header["chunk_index"],
-        root=header.get("root"),
-        width=header.get("width") if scales is not None else None,
-        block_elements=header.get("block_elements"),
-        scales=from_hex(scales) if scales is not None else None,
-        members=from_hex(header["members"]) if "members" in header else None,
-        quorum=header.get("quorum"),
-        wait_ms=header.get("wait_ms"),
-    )
 
 
 def _chunk(hex_text: str) -> ChunkMessage:
@@ -143,11 +125,13 @@ def op_combine(req: Json) -> Json:
 
 def op_verify(req: Json) -> Json:
     message = _chunk(req["message"])
-    if "expected_header" in req and ChunkHeader.of(message) != header_from_json(req["expected_header"]):
-        raise CcoError(ErrorCode.OPERATION_MISMATCH, "the header is not the operation's")
+    header = header_from_json(req["expected_header"]) if "expected_header" in req else None
     keys = derive_group_keys(from_hex(req["group_secret"]), from_hex(req["group_id"]))
-    own = (req["own_rank"], np.array(req["own_values"], dtype=np.int64)) if "own_rank" in req else None
-    values = open_verified(keys, message, frozenset(req["expected_ranks"]), own, req.get("at_least"))
+    own = (req["own_rank"], np.array(req["own_values"], dtype=np.int64)) if "own_values" in req else None
+    expected = frozenset(req["expected_ranks"])
+    values = verify_as_endpoint(keys, message, header, expected, own, req.get("at_least"))
+    if values is None:
+        return {"ignored": True}
     return {"values": [int(v) for v in values]}
 
 
@@ -189,6 +173,15 @@ def op_quantize(req: Json) -> Json:
     return {"values": [int(v) for v in values]}
 
 
+def op_live_input(req: Json) -> Json:
+    """The live-mode generator's input (interop/README.md, "Live inputs")."""
+    dtype = DType(req["dtype"])
+    if dtype not in NUMPY_TYPES:
+        raise CcoError(ErrorCode.UNSUPPORTED_FEATURE, f"live inputs have no {dtype.name}")
+    x = make_input(req["seed"], req["case"], req["rank"], dtype, req["elements"])
+    return {"input_bits": x.astype(x.dtype.newbyteorder("<")).tobytes().hex()}
+
+
 def op_dequantize(req: Json) -> Json:
     dtype = DType(req["dtype"])
     out = blockscale.dequantize(
@@ -215,6 +208,7 @@ OPERATIONS: dict[str, Callable[[Json], Json]] = {
     "propose": op_propose,
     "quantize": op_quantize,
     "dequantize": op_dequantize,
+    "live_input": op_live_input,
 }
 """Every operation of the adapter protocol, by name."""
 

@@ -16,12 +16,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from cco.interop.generate import compare, default_vector_dir, write
-from cco.interop.verify import SEMANTIC_CHECKS
+from cco.interop.generate import VECTOR_FILES, compare, default_output_dir, default_vector_dir, write
 
 
 def _generate(args: argparse.Namespace) -> int:
-    out: Path = args.out or default_vector_dir()
+    out: Path = args.out or default_output_dir()
     for path in write(out):
         count = len(json.loads(path.read_text(encoding="utf-8")))
         print(f"wrote {path} ({count} vectors)")
@@ -31,7 +30,8 @@ def _generate(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     directory: Path = args.dir or default_vector_dir()
     problems: list[str] = []
-    for file_name, check in SEMANTIC_CHECKS.items():
+    for module in VECTOR_FILES:
+        file_name = module.FILE
         path = directory / file_name
         if not path.is_file():
             continue  # reported by compare() below
@@ -43,7 +43,7 @@ def _check(args: argparse.Namespace) -> int:
         if not isinstance(vectors, list) or not all(isinstance(v, dict) for v in vectors):
             problems.append(f"{file_name}: not an array of objects")
             continue
-        found = check(vectors)
+        found = module.check(vectors)
         failed = sum(1 for v in vectors if any(p.startswith(f"{v.get('name')}:") for p in found))
         print(f"{file_name}: {len(vectors)} vectors, {len(vectors) - failed} hold, {failed} fail")
         problems += [f"{file_name}: {p}" for p in found]
@@ -86,6 +86,11 @@ def _live(args: argparse.Namespace) -> int:
     return live.main(args)
 
 
+_VECTOR_DIR_HELP = (
+    "vector directory (default: interop/vectors of the checkout, else the vectors installed with cco)"
+)
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="cco-interop",
@@ -96,7 +101,10 @@ def parser() -> argparse.ArgumentParser:
         "generate", help="rewrite every vector file", description="Rewrite every vector file (deterministic)."
     )
     gen.add_argument(
-        "--out", type=Path, metavar="DIR", help="output directory (default: interop/vectors of the checkout)"
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="output directory (default: interop/vectors of the checkout, else of the current directory)",
     )
     gen.set_defaults(run=_generate)
     chk = commands.add_parser(
@@ -106,7 +114,10 @@ def parser() -> argparse.ArgumentParser:
         "generation reproduces the files byte for byte; exit 1 on any problem.",
     )
     chk.add_argument(
-        "--dir", type=Path, metavar="DIR", help="vector directory (default: interop/vectors of the checkout)"
+        "--dir",
+        type=Path,
+        metavar="DIR",
+        help=_VECTOR_DIR_HELP,
     )
     chk.set_defaults(run=_check)
     vec = commands.add_parser(
@@ -118,7 +129,12 @@ def parser() -> argparse.ArgumentParser:
     vec.add_argument(
         "--impl", required=True, metavar="CMD", help="the adapter command line, e.g. 'cco-interop adapter'"
     )
-    vec.add_argument("--dir", type=Path, metavar="DIR", help="vector directory (default: interop/vectors)")
+    vec.add_argument(
+        "--dir",
+        type=Path,
+        metavar="DIR",
+        help=_VECTOR_DIR_HELP,
+    )
     vec.add_argument(
         "--json", type=Path, metavar="FILE", help="also write the outcome of every vector as JSON"
     )

@@ -26,7 +26,7 @@ SEED = 2026
 BLOCK_ELEMENTS = 256
 """GroupParams.block_elements of the runner's groups (the default)."""
 CHUNK_ELEMENTS = 65536
-"""GroupParams.chunk_elements of the runner's groups (the rendezvous default)."""
+"""GroupParams.chunk_elements of the runner's groups (it sets CHUNK_ELEMENTS for every rendezvous)."""
 DTYPES = {
     "int8": DType.INT8,
     "int16": DType.INT16,

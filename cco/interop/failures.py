@@ -5,7 +5,10 @@ conforming decoder must report the same error code whatever order it checks
 things in.  Together they reach every error code the message decoder can raise
 and every kind of rule: CBOR well-formedness and the CCO subset, deterministic
 encoding, size limits, the message registry, field types and ranges, enums,
-bitmaps, cross-field rules, missing and unknown keys.
+bitmaps, cross-field rules, missing and unknown keys.  The range failures are
+derived from the field declarations of :mod:`cco.wire.messages` (:data:`_BOUNDS`
+names the fields; each value, key path, description and mutation is computed from
+the field's declared type and bounds), so the schema is stated once.
 
 ``cddl_valid`` says what ``spec/cco.cddl`` makes of the bytes: ``False`` when the
 schema rejects them, ``True`` when the broken rule is one CDDL cannot state (a
@@ -36,7 +39,8 @@ from cco.interop.samples import Sample, samples
 from cco.wire import cbor
 from cco.wire.cbor import DEFAULT_LIMITS, DecodeLimits
 from cco.wire.errors import ErrorCode
-from cco.wire.messages import MAC_MODULUS, encode_message
+from cco.wire.fields import Bitmap, Bytes, FieldType, ListOf, Nested, Struct, Text, UInt
+from cco.wire.messages import encode_message
 
 E = ErrorCode
 
@@ -699,311 +703,180 @@ def _invalid_field(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Bound:
+    """One declared bound of one field, broken by one step: the vector ``name`` starts
+    from the sample ``base`` and sets ``field`` (field names joined by dots, ``[0]``
+    for a list's first entry) just ``below`` or ``above`` the range its declaration
+    in :mod:`cco.wire.messages` gives, or (``utf8``) above it with two-byte characters,
+    so that it is over in UTF-8 bytes but not in characters.  The value, the map keys,
+    the description and the mutation all come from the declaration."""
+
+    name: str
+    base: str
+    field: str
+    side: str
+
+
+_BOUNDS = (
+    _Bound("world-size-zero", "join-request-any-rank", "world_size", "below"),
+    _Bound("world-size-over", "join-request-any-rank", "world_size", "above"),
+    _Bound("rank-over", "leave", "rank", "above"),
+    _Bound("port-zero", "aggregator-register", "address.port", "below"),
+    _Bound("port-over", "aggregator-register", "address.port", "above"),
+    _Bound("capacity-zero", "aggregator-register", "capacity", "below"),
+    _Bound("fan-in-one", "aggregator-register", "max_fan_in", "below"),
+    _Bound("heartbeat-interval-short", "aggregator-accept", "heartbeat_interval_ms", "below"),
+    _Bound("max-message-size-small", "hello-minimal", "capabilities.max_message_size", "below"),
+    _Bound("version-over-u32", "hello-ack-rendezvous", "version", "above"),
+    _Bound("message-type-over", "error-with-type", "message_type", "above"),
+    _Bound("window-zero", "join-accept", "params.window", "below"),
+    _Bound("block-elements-under", "contribution-reduce-root", "block_elements", "below"),
+    _Bound("block-elements-over", "contribution-reduce-root", "block_elements", "above"),
+    _Bound("block-elements-in-params-under", "join-accept", "params.block_elements", "below"),
+    _Bound("tag-equals-modulus", "contribution-all-reduce-sum", "tag", "above"),
+    _Bound("width-zero", "contribution-all-reduce-sum", "width", "below"),
+    _Bound("chunk-elements-zero", "contribution-all-reduce-sum", "chunk_elements", "below"),
+    _Bound("total-elements-over", "contribution-barrier", "total_elements", "above"),
+    _Bound("root-over", "contribution-reduce-root", "root", "above"),
+    _Bound("group-id-short", "join-reject", "group_id", "below"),
+    _Bound("group-id-long", "join-reject", "group_id", "above"),
+    _Bound("group-secret-short", "join-accept", "group_secret", "below"),
+    _Bound("credential-long", "join-request-rank", "credential", "above"),
+    _Bound("node-id-empty", "aggregator-accept", "node_id", "below"),
+    _Bound("node-id-long", "aggregator-accept", "node_id", "above"),
+    _Bound("node-id-long-utf8", "aggregator-accept", "node_id", "utf8"),
+    _Bound("detail-long", "error-without-type", "detail", "above"),
+    _Bound("label-empty", "join-request-any-rank", "labels[0]", "below"),
+    _Bound("versions-empty", "hello-endpoint", "versions", "below"),
+    _Bound("versions-too-many", "hello-endpoint", "versions", "above"),
+    _Bound("labels-too-many", "join-request-any-rank", "labels", "above"),
+    _Bound("chunks-empty", "chunk-ack", "chunks", "below"),
+    _Bound("chunks-too-many", "chunk-ack", "chunks", "above"),
+    _Bound("bitmap-too-long", "epoch-change", "members", "above"),
+)
+"""The field bounds the vectors break: at least one of each kind of field (integer,
+byte string, bitmap, text, list), in messages and in nested structures."""
+
+
+def _number(n: int) -> str:
+    """An integer as the draft writes it: 2^k, 2^k-1 or 2^k+1 near a large power of two."""
+    for k in range(16, 65):
+        offset = n - (1 << k)
+        if -2 <= offset <= 1:
+            return f"2^{k}{offset:+d}" if offset else f"2^{k}"
+    return str(n)
+
+
+def _count(n: int, unit: str) -> str:
+    """``n`` bytes or entries, in English."""
+    return f"{n} {unit}" if n == 1 else f"{n} {'entries' if unit == 'entry' else unit + 's'}"
+
+
+def _declared(struct: type[Struct], field: str) -> tuple[Path, str, FieldType[Any]]:
+    """The map keys and list indices that lead to ``field`` of ``struct``, the same as
+    the mutations name them ("key 4, index 0, key 3"), and the field's type."""
+    path: list[int | str] = []
+    steps: list[str] = []
+    kind: FieldType[Any] | None = None
+    for step in field.split("."):
+        name, _, index = step.partition("[")
+        if kind is not None:
+            assert isinstance(kind, Nested), f"{field}: {name} is not inside a structure"
+            struct = kind.struct_type
+        spec = dict(struct.wire_fields())[name]
+        path.append(spec.key)
+        steps.append(f"key {spec.key}")
+        kind = spec.kind
+        if index:
+            assert isinstance(kind, ListOf), f"{field}: {name} is not a list"
+            path.append(int(index.rstrip("]")))
+            steps.append(f"index {path[-1]}")
+            kind = kind.item
+    assert kind is not None
+    return tuple(path), ", ".join(steps), kind
+
+
+def _outside(bound: _Bound) -> Failure:
+    """The vector of one broken bound, every detail read from the field's declaration."""
+    message = _samples_by_name()[bound.base].message
+    path, keys, kind = _declared(type(message), bound.field)
+    old = _walk(base_value(bound.base)[1], path)
+    below = bound.side == "below"
+    if isinstance(kind, UInt):
+        value, state, change = _integer_outside(kind, below)
+    elif isinstance(kind, ListOf):
+        value, state, change = _list_outside(kind, below, old)
+    elif isinstance(kind, Text):
+        value, state, change = _text_outside(kind, bound.side, old)
+    else:
+        assert isinstance(kind, Bytes), f"{bound.field}: {type(kind).__name__} has no range"
+        value, state, change = _bytes_outside(kind, below, old)
+    description = f"{bound.field} {state}."
+    mutation = change.format(f"{bound.field} ({keys})")
+    return Failure(
+        bound.name,
+        bound.base,
+        E.INVALID_FIELD,
+        False,
+        description,
+        mutation,
+        with_field(bound.base, path, value),
+    )
+
+
+_Outside = tuple[RawValue, str, str]
+"""A value just outside a range, what the description says of it, and the mutation
+(``{}`` stands for the field)."""
+
+
+def _integer_outside(kind: UInt, below: bool) -> _Outside:
+    value = kind.minimum - 1 if below else kind.maximum + 1
+    span = f"range {_number(kind.minimum)}..{_number(kind.maximum)}"
+    return value, f"is {_number(value)} ({span})", f"set {{}} to {value}"
+
+
+def _list_outside(kind: ListOf[Any], below: bool, old: list[Any]) -> _Outside:
+    count = kind.min_items - 1 if below else kind.max_items + 1
+    state = f"has {_count(count, 'entry')} ({kind.min_items}..{kind.max_items} entries)"
+    if not below:
+        return [old[0]] * count, state, f"set {{}} to {count} copies of its first entry"
+    return old[:count], state, f"keep the first {_count(count, 'entry')} of {{}}" if count else "set {} to []"
+
+
+def _text_outside(kind: Text, side: str, old: str) -> _Outside:
+    span = f"{kind.min_len}..{kind.max_len} bytes"
+    if side == "below":
+        size = kind.min_len - 1
+        cut = f"keep the first {_count(size, 'byte')} of {{}}" if size else 'set {} to ""'
+        return old.encode()[:size].decode(), f"has {_count(size, 'byte')} ({span})", cut
+    size = kind.max_len + 1
+    if side == "above":
+        return "x" * size, f"has {size} bytes ({span})", f'set {{}} to {size} times "x"'
+    wide = "\u00e9" * -(-size // 2)  # two UTF-8 bytes each
+    state = (
+        f"has {len(wide)} characters but {len(wide.encode())} UTF-8 bytes ({span}): text limits count bytes"
+    )
+    return wide, state, f"set {{}} to {len(wide)} times U+00E9"
+
+
+def _bytes_outside(kind: Bytes, below: bool, old: bytes) -> _Outside:
+    size = kind.min_len - 1 if below else kind.max_len + 1
+    span = f"exactly {kind.min_len}" if kind.min_len == kind.max_len else f"{kind.min_len}..{kind.max_len}"
+    state = f"has {_count(size, 'byte')} ({span} bytes)"
+    if below:
+        return (
+            old[:size],
+            state,
+            f"keep the first {_count(size, 'byte')} of {{}}" if size else "set {} to h''",
+        )
+    last = b"\x01" if isinstance(kind, Bitmap) else b"\x00"  # a bitmap's last byte is never zero
+    change = f"extend {{}} to {size} bytes with zero bytes, the last one {last.hex()}"
+    return old.ljust(size - 1, b"\x00") + last, state, change
+
+
 def _range_failures() -> list[Failure]:
-    c = "contribution-all-reduce-sum"
-    scaled = "contribution-reduce-root"
-
-    f = _invalid_field
-
-    return [
-        f(
-            "world-size-zero",
-            "join-request-any-rank",
-            "world_size is 0 (range 1..2^16).",
-            "set world_size (key 2) to 0",
-            (2,),
-            0,
-        ),
-        f(
-            "world-size-over",
-            "join-request-any-rank",
-            "world_size is 2^16+1 (range 1..2^16).",
-            "set world_size (key 2) to 65537",
-            (2,),
-            65537,
-        ),
-        f("rank-over", "leave", "rank is 2^16 (range 0..2^16-1).", "set rank (key 2) to 65536", (2,), 65536),
-        f(
-            "port-zero",
-            "aggregator-register",
-            "The address port is 0 (range 1..65535).",
-            "set address.port (key 1, key 2) to 0",
-            (1, 2),
-            0,
-        ),
-        f(
-            "port-over",
-            "aggregator-register",
-            "The address port is 65536 (range 1..65535).",
-            "set address.port (key 1, key 2) to 65536",
-            (1, 2),
-            65536,
-        ),
-        f(
-            "capacity-zero",
-            "aggregator-register",
-            "capacity is 0 (range 1..2^20).",
-            "set capacity (key 2) to 0",
-            (2,),
-            0,
-        ),
-        f(
-            "fan-in-one",
-            "aggregator-register",
-            "max_fan_in is 1 (range 2..1024).",
-            "set max_fan_in (key 3) to 1",
-            (3,),
-            1,
-        ),
-        f(
-            "heartbeat-interval-short",
-            "aggregator-accept",
-            "heartbeat_interval_ms is 9 (range 10..600000).",
-            "set heartbeat_interval_ms (key 2) to 9",
-            (2,),
-            9,
-        ),
-        f(
-            "max-message-size-small",
-            "hello-minimal",
-            "capabilities.max_message_size is 1023 (range 1024..2^32-1).",
-            "set capabilities.max_message_size (key 4, key 4) to 1023",
-            (4, 4),
-            1023,
-        ),
-        f(
-            "version-over-u32",
-            "hello-ack-rendezvous",
-            "version is 2^32 (range 0..2^32-1).",
-            "set version (key 1) to 4294967296",
-            (1,),
-            1 << 32,
-        ),
-        f(
-            "message-type-over",
-            "error-with-type",
-            "message_type is 256 (range 0..255).",
-            "set message_type (key 3) to 256",
-            (3,),
-            256,
-        ),
-        f(
-            "window-zero",
-            "join-accept",
-            "params.window is 0 (range 1..4096).",
-            "set params.window (key 6, key 2) to 0",
-            (6, 2),
-            0,
-        ),
-        f(
-            "block-elements-under",
-            scaled,
-            "block_elements is 15 (range 16..65536).",
-            "set block_elements (key 16) to 15",
-            (16,),
-            15,
-        ),
-        f(
-            "block-elements-over",
-            scaled,
-            "block_elements is 65537 (range 16..65536).",
-            "set block_elements (key 16) to 65537",
-            (16,),
-            65537,
-        ),
-        f(
-            "scales-empty",
-            scaled,
-            "scales is empty (2..131072 bytes: a block-scaled chunk has at least one block).",
-            "set scales (key 7) to h''",
-            (7,),
-            b"",
-        ),
-        f(
-            "block-elements-in-params-under",
-            "join-accept",
-            "params.block_elements is 15 (range 16..65536).",
-            "set params.block_elements (key 6, key 5) to 15",
-            (6, 5),
-            15,
-        ),
-        f(
-            "float-width-three",
-            "join-accept-bounds",
-            "params.float_width is 3: widths are 1, 2, 4 or 8.",
-            "set params.float_width (key 6, key 6) to 3",
-            (6, 6),
-            3,
-        ),
-        f(
-            "tag-equals-modulus",
-            c,
-            "tag is p = 2^61-1, not an element of F_p (range 0..p-1).",
-            "set tag (key 14) to 2305843009213693951",
-            (14,),
-            MAC_MODULUS,
-        ),
-        f(
-            "width-three",
-            c,
-            "width is 3: element widths are 1, 2, 4 or 8.",
-            "set width (key 12) to 3",
-            (12,),
-            3,
-        ),
-        f(
-            "width-zero",
-            c,
-            "width is 0: element widths are 1, 2, 4 or 8.",
-            "set width (key 12) to 0",
-            (12,),
-            0,
-        ),
-        f(
-            "chunk-elements-zero",
-            c,
-            "chunk_elements is 0 (range 1..2^20).",
-            "set chunk_elements (key 9) to 0",
-            (9,),
-            0,
-        ),
-        f(
-            "total-elements-over",
-            "contribution-barrier",
-            "total_elements is 2^40+1 (range 0..2^40).",
-            "set total_elements (key 8) to 1099511627777",
-            (8,),
-            (1 << 40) + 1,
-        ),
-        f(
-            "root-over",
-            "contribution-reduce-root",
-            "root is 2^16 (range 0..2^16-1).",
-            "set root (key 15) to 65536",
-            (15,),
-            65536,
-        ),
-        f(
-            "group-id-short",
-            "join-reject",
-            "group_id has 15 bytes (exactly 16 required).",
-            "drop the last byte of group_id (key 1)",
-            (1,),
-            base_value("join-reject")[1][1][:15],
-        ),
-        f(
-            "group-id-long",
-            "join-reject",
-            "group_id has 17 bytes (exactly 16 required).",
-            "append 00 to group_id (key 1)",
-            (1,),
-            base_value("join-reject")[1][1] + b"\x00",
-        ),
-        f(
-            "group-secret-short",
-            "join-accept",
-            "group_secret has 31 bytes (exactly 32 required).",
-            "drop the last byte of group_secret (key 5)",
-            (5,),
-            base_value("join-accept")[1][5][:31],
-        ),
-        f(
-            "credential-long",
-            "join-request-rank",
-            "credential has 1025 bytes (at most 1024).",
-            "set credential (key 3) to 1025 bytes of 0x5a",
-            (3,),
-            b"\x5a" * 1025,
-        ),
-        f(
-            "node-id-empty",
-            "aggregator-accept",
-            "node_id is empty (1..255 bytes).",
-            'set node_id (key 1) to ""',
-            (1,),
-            "",
-        ),
-        f(
-            "node-id-long",
-            "aggregator-accept",
-            "node_id has 256 bytes (1..255 bytes).",
-            'set node_id (key 1) to 256 times "n"',
-            (1,),
-            "n" * 256,
-        ),
-        f(
-            "node-id-long-utf8",
-            "aggregator-accept",
-            "node_id has 128 characters but 256 UTF-8 bytes: text limits count bytes.",
-            "set node_id (key 1) to 128 times U+00E9",
-            (1,),
-            "\u00e9" * 128,
-        ),
-        f(
-            "detail-long",
-            "error-without-type",
-            "detail has 1025 bytes (at most 1024).",
-            'set detail (key 2) to 1025 times "x"',
-            (2,),
-            "x" * 1025,
-        ),
-        f(
-            "label-empty",
-            "join-request-any-rank",
-            "A label is empty (1..64 bytes).",
-            'set labels (key 5) to [""]',
-            (5,),
-            [""],
-        ),
-        f(
-            "versions-empty",
-            "hello-endpoint",
-            "versions is empty (1..16 entries).",
-            "set versions (key 1) to []",
-            (1,),
-            [],
-        ),
-        f(
-            "versions-too-many",
-            "hello-endpoint",
-            "versions has 17 entries (1..16).",
-            "set versions (key 1) to [1, 1, ..., 1] (17 entries)",
-            (1,),
-            [1] * 17,
-        ),
-        f(
-            "labels-too-many",
-            "join-request-any-rank",
-            "labels has 17 entries (at most 16).",
-            'set labels (key 5) to 17 times "x"',
-            (5,),
-            ["x"] * 17,
-        ),
-        f(
-            "chunks-empty",
-            "chunk-ack",
-            "chunks is empty (1..4096 entries).",
-            "set chunks (key 4) to []",
-            (4,),
-            [],
-        ),
-        f(
-            "chunks-too-many",
-            "chunk-ack",
-            "chunks has 4097 entries (1..4096).",
-            "set chunks (key 4) to [0, 1, ..., 4096]",
-            (4,),
-            list(range(4097)),
-        ),
-        f(
-            "bitmap-too-long",
-            "epoch-change",
-            "members has 8193 bytes (at most 8192: ranks below 2^16).",
-            "set members (key 3) to 8192 zero bytes then 01",
-            (3,),
-            bytes(8192) + b"\x01",
-        ),
-    ]
+    return [_outside(bound) for bound in _BOUNDS]
 
 
 def _enum_failures() -> list[Failure]:
@@ -1066,8 +939,8 @@ def _rule_failures() -> list[Failure]:
 
     f = partial(_invalid_field, cddl_valid=True)
 
-    def root(name: str, base: str, description: str, mutation: str, body: RawValue) -> Failure:
-        return Failure(name, base, invalid, False, description, mutation, with_body(base, body))
+    def rebuilt(name: str, base: str, description: str, mutation: str, body: RawValue, cddl: bool) -> Failure:
+        return Failure(name, base, invalid, cddl, description, mutation, with_body(base, body))
 
     def quorum(name: str, base: str, description: str, mutation: str, changes: dict[int, Any]) -> Failure:
         body = {**base_value(base)[1], **changes}
@@ -1082,6 +955,24 @@ def _rule_failures() -> list[Failure]:
     broadcast_body = base_value("broadcast-data")[1]
     del broadcast_body[15]
     return [
+        f(
+            "width-three",
+            c,
+            "width is 3: element widths are 1, 2, 4 or 8.",
+            "set width (key 12) to 3",
+            (12,),
+            3,
+            cddl_valid=False,
+        ),
+        f(
+            "float-width-three",
+            "join-accept-bounds",
+            "params.float_width is 3: widths are 1, 2, 4 or 8.",
+            "set params.float_width (key 6, key 6) to 3",
+            (6, 6),
+            3,
+            cddl_valid=False,
+        ),
         f(
             "bitmap-trailing-zero",
             c,
@@ -1257,9 +1148,17 @@ def _rule_failures() -> list[Failure]:
             without_field(scaled, (16,)),
         ),
         f(
+            "scales-empty",
+            scaled,
+            "scales is empty, but the chunk has one block: 2 bytes.",
+            "set scales (key 7) to h''",
+            (7,),
+            b"",
+        ),
+        f(
             "scales-length-wrong",
             scaled,
-            "scales has 4 bytes, but 3 elements in blocks of 16 make one block: 2 bytes.",
+            "scales has 4 bytes, but 2 elements in blocks of 16 make one block: 2 bytes.",
             "set scales (key 7) to h'f0fff0ff'",
             (7,),
             b"\xf0\xff\xf0\xff",
@@ -1275,31 +1174,34 @@ def _rule_failures() -> list[Failure]:
         f(
             "attestations-missing",
             scaled,
-            "payload has 12 bytes: 3 elements and 1 attestation of width 4 need 16.",
+            "payload has 8 bytes: 2 elements and 1 attestation of width 4 need 12.",
             "drop the last 4 bytes of payload (key 13)",
             (13,),
             scaled_payload[:-4],
         ),
-        root(
+        rebuilt(
             "root-absent-reduce",
             "contribution-reduce-root",
             "A REDUCE chunk without root (key 15).",
             "remove root (key 15)",
             reduce_body,
+            True,
         ),
-        root(
+        rebuilt(
             "root-absent-broadcast",
             "broadcast-data",
             "A BROADCAST chunk without root (key 15).",
             "remove root (key 15)",
             broadcast_body,
+            True,
         ),
-        root(
+        rebuilt(
             "root-present-all-reduce",
             c,
             "An ALL_REDUCE chunk with root (key 15): root is only for REDUCE and BROADCAST.",
             "add root (key 15) = 0",
             {**base_value(c)[1], 15: 0},
+            True,
         ),
         quorum(
             "quorum-without-wait",
@@ -1329,6 +1231,61 @@ def _rule_failures() -> list[Failure]:
             "A BARRIER chunk with members (key 17): members, quorum and wait_ms are for ALL_REDUCE only.",
             "add members (key 17) = h'01'",
             {17: b"\x01"},
+        ),
+        quorum(
+            "members-on-reduce",
+            "contribution-reduce-root",
+            "A REDUCE chunk with members (key 17) that hold its contributor: keys 17 to 19 are defined "
+            "for every chunk message (never UNKNOWN_FIELD), and outside ALL_REDUCE they are INVALID_FIELD.",
+            "add members (key 17) = h'02'",
+            {17: b"\x02"},
+        ),
+        quorum(
+            "quorum-on-broadcast",
+            "broadcast-data",
+            "A BROADCAST chunk with quorum (key 18) and wait_ms (key 19): INVALID_FIELD, not UNKNOWN_FIELD.",
+            "add quorum (key 18) = 2 and wait_ms (key 19) = 100",
+            {18: 2, 19: 100},
+        ),
+        _invalid_field(
+            "broadcast-op-max",
+            "broadcast-data",
+            "A BROADCAST chunk with op MAX: BROADCAST, ALL_GATHER and BARRIER chunks carry op SUM.",
+            "set op (key 5) to 4",
+            (5,),
+            4,
+        ),
+        _invalid_field(
+            "all-gather-op-bor",
+            "result-all-gather",
+            "An ALL_GATHER chunk with op BOR: ALL_GATHER chunks carry op SUM.",
+            "set op (key 5) to 6",
+            (5,),
+            6,
+        ),
+        _invalid_field(
+            "barrier-op-min",
+            "contribution-barrier",
+            "A BARRIER chunk with op MIN.",
+            "set op (key 5) to 3",
+            (5,),
+            3,
+        ),
+        _invalid_field(
+            "barrier-dtype-float32",
+            "contribution-barrier",
+            "A BARRIER chunk with dtype FLOAT32: a BARRIER carries no elements, as dtype INT8.",
+            "set dtype (key 6) to 7",
+            (6,),
+            7,
+        ),
+        rebuilt(
+            "barrier-with-an-element",
+            "contribution-barrier",
+            "A BARRIER chunk of one element, its one-byte payload present: a BARRIER has none.",
+            "set total_elements (key 8) to 1 and payload (key 13) to h'00'",
+            {**base_value("contribution-barrier")[1], 8: 1, 13: b"\x00"},
+            True,
         ),
     ]
 

@@ -18,9 +18,11 @@ from collections.abc import Mapping
 from enum import IntEnum
 from typing import Any, TypeVar
 
+from cco.wire.cbor import DecodeLimits
 from cco.wire.fields import Bytes, Enum, FieldType, ListOf, Nested, Struct, Text, UInt
 from cco.wire.messages import MESSAGE_CLASSES, Message
-from cco.wire.registries import MessageType
+from cco.wire.payload import ChunkHeader
+from cco.wire.registries import Collective, DType, MessageType, ReduceOp
 
 S = TypeVar("S", bound=Struct)
 
@@ -130,3 +132,41 @@ def message_from_json(message_type: int, fields: object) -> Message:
     except ValueError:
         raise JsonFormError(f"message type {message_type} is not registered") from None
     return struct_from_json(cls, fields)
+
+
+def limits_from_json(value: object) -> DecodeLimits:
+    """The ``limits`` object of a decode-failure vector."""
+    if not isinstance(value, dict) or set(value) != {"max_depth", "max_container_items", "max_string_bytes"}:
+        raise JsonFormError(f"limits must name max_depth, max_container_items, max_string_bytes: {value!r}")
+    return DecodeLimits(**value)
+
+
+def limits_to_json(limits: DecodeLimits) -> dict[str, int]:
+    return {
+        "max_depth": limits.max_depth,
+        "max_container_items": limits.max_container_items,
+        "max_string_bytes": limits.max_string_bytes,
+    }
+
+
+def header_from_json(header: dict[str, Any]) -> ChunkHeader:
+    """A chunk header in the vectors' JSON form (interop/payload.md)."""
+    scales = header.get("scales")
+    return ChunkHeader(
+        group_id=from_hex(header["group_id"]),
+        epoch=header["epoch"],
+        op_id=header["op_id"],
+        kind=Collective(header["kind"]),
+        op=ReduceOp(header["op"]),
+        dtype=DType(header["dtype"]),
+        total_elements=header["total_elements"],
+        chunk_elements=header["chunk_elements"],
+        chunk_index=header["chunk_index"],
+        root=header.get("root"),
+        width=header.get("width") if scales is not None else None,
+        block_elements=header.get("block_elements"),
+        scales=from_hex(scales) if scales is not None else None,
+        members=from_hex(header["members"]) if "members" in header else None,
+        quorum=header.get("quorum"),
+        wait_ms=header.get("wait_ms"),
+    )

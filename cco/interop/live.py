@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib.util
 import itertools
 import json
 import os
@@ -33,6 +32,8 @@ from typing import Any
 
 from cco.interop import expected
 from cco.interop.probe import probe
+from cco.interop.relay import Profile, Relay
+from cco.interop.relay import start as start_relay
 from cco.transport.certs import create_dev_pki
 from cco.wire.errors import ErrorCode
 from cco.wire.framing import encode_frame
@@ -58,41 +59,27 @@ class CaseFailed(Exception):
 # --- relays (loss, and evidence of which aggregator carried traffic) ------------------------
 
 
-def _relay_module() -> Any:
-    """benchmarks/support/relay.py of the checkout (the testbed's relay), loaded by path."""
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "support" / "relay.py"
-    if not path.is_file():
-        raise CaseFailed(f"{path} is missing: the relay cases need the source checkout")
-    spec = importlib.util.spec_from_file_location("cco_interop_relay", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 class Relays:
     """UDP relays running in a background event loop thread; their counters are live."""
 
     def __init__(self) -> None:
-        self._module = _relay_module()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
-        self._relays: list[Any] = []
+        self._relays: list[Relay] = []
 
     def start(
         self, listen: tuple[str, int], target: tuple[str, int], loss: float = 0.0, seed: int = 1
-    ) -> Any:
-        profile = self._module.Profile(delay_ms=0.0, loss=loss, seed=seed)
-        future = asyncio.run_coroutine_threadsafe(self._module.start(listen, target, profile), self._loop)
-        relay = future.result(timeout=10)
-        self._relays.append(relay)
-        return relay
+    ) -> Relay:
+        profile = Profile(delay_ms=0.0, loss=loss, seed=seed)
+        future = asyncio.run_coroutine_threadsafe(start_relay(listen, target, profile), self._loop)
+        running = future.result(timeout=10)
+        self._relays.append(running)
+        return running
 
     def close(self) -> None:
-        for relay in self._relays:
-            self._loop.call_soon_threadsafe(relay.close)
+        for running in self._relays:
+            self._loop.call_soon_threadsafe(running.close)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
 
@@ -289,7 +276,7 @@ def start_group(
     relay_loss: float | None = None,
     start_endpoints: bool = True,
     endpoint_env: dict[str, Any] | None = None,
-) -> tuple[list[Node], list[Node], list[Any]]:
+) -> tuple[list[Node], list[Node], list[Relay]]:
     """A rendezvous, aggregators (each behind a relay when ``relay_loss`` is given) and
     endpoints; returns (aggregators, endpoints, relays)."""
     aggs = [f"agg-{i}" for i in range(aggregators)]

@@ -126,10 +126,19 @@ def unpack(data: bytes, width: int) -> list[int]:
 
 
 def bfloat16_bits(f32_bits: int) -> int:
-    """The bfloat16 pattern nearest a binary32 pattern (half to even; NaN stays NaN)."""
+    """The bfloat16 pattern of a binary32 pattern (draft section "Element Types and Wire
+    Forms", BFLOAT16 elements): nearest, ties to even; a NaN keeps its upper half, with
+    the quiet bit set if that half alone would be an infinity."""
     if (f32_bits >> 23) & 0xFF == 0xFF and f32_bits & 0x7FFFFF:
-        return (f32_bits >> 16) | 0x40
-    return (f32_bits + 0x7FFF + ((f32_bits >> 16) & 1)) >> 16
+        upper = f32_bits >> 16
+        return upper if upper & 0x7F else upper | 0x40
+    return ((f32_bits + 0x7FFF + ((f32_bits >> 16) & 1)) & 0xFFFFFFFF) >> 16
+
+
+def bfloat16_patterns(data: bytes) -> list[int]:
+    """The bfloat16 patterns (unsigned) of binary32 elements given as their bytes: from
+    the bits themselves, since a signaling NaN may not survive a trip through a float."""
+    return [bfloat16_bits(int.from_bytes(data[i : i + 4], "little")) for i in range(0, len(data), 4)]
 
 
 def integers(dtype: int, data: bytes) -> list[int]:
@@ -148,8 +157,7 @@ def elements(dtype: int, data: bytes) -> list[Any]:
     size = struct.calcsize(fmt)
     values = [struct.unpack(fmt, data[i : i + size])[0] for i in range(0, len(data), size)]
     if dtype == 6:
-        patterns = [bfloat16_bits(struct.unpack("<I", struct.pack("<f", v))[0]) for v in values]
-        values = [struct.unpack("<f", struct.pack("<I", p << 16))[0] for p in patterns]
+        values = [struct.unpack("<f", struct.pack("<I", p << 16))[0] for p in bfloat16_patterns(data)]
     return values
 
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cco.wire.errors import ErrorCode
+from cco.wire.exact import MAX_ELEMENTS
 from cco.wire.fields import bitmap_from_ranks
 from cco.wire.messages import (
     MAC_MODULUS,
@@ -188,6 +189,7 @@ def _chunk(
     blocks = 0 if block_elements is None else -(-n // block_elements)
     assert len(elements) == n + blocks, "a block-scaled chunk's elements end with one attestation per block"
     assert (scales is None) == (block_elements is None) and len(scales or ()) == blocks
+    assert scales is None or total_elements > MAX_ELEMENTS, "a float sum of at most 16 elements is EXACT"
     return cls(
         group_id=group_id("training"),
         epoch=epoch,
@@ -653,19 +655,20 @@ def _chunk_samples() -> list[Sample]:
         ),
         Sample(
             "contribution-reduce-root",
-            "A REDUCE contribution: root (key 15) present; float32 AVG is block-scaled: one block of "
-            "16 elements (key 16) with scale -16 (scales f0ff: int16, little-endian), width 4 (float32's "
-            "own), three element integers then the attestation 1.",
+            "A REDUCE contribution: root (key 15) present; a float32 AVG of 18 elements (more than 16, "
+            "so block-scaled) in chunks of 16: its last chunk (index 1) holds 2 elements in one block "
+            "(key 16: blocks of 16) with scale -16 (scales f0ff: int16, little-endian), width 4 "
+            "(float32's own), the two element integers then the attestation 1.",
             _chunk(
                 Contribution,
                 "reduce",
                 kind=Collective.REDUCE,
                 op=ReduceOp.AVG,
                 dtype=DType.FLOAT32,
-                elements=[65536, -32768, 1, 1],
-                total_elements=3,
-                chunk_elements=4096,
-                chunk_index=0,
+                elements=[65536, -32768, 1],
+                total_elements=18,
+                chunk_elements=16,
+                chunk_index=1,
                 contributors=[1],
                 width=4,
                 scales=[-16],
@@ -753,9 +756,10 @@ def _chunk_samples() -> list[Sample]:
         ),
         Sample(
             "partial-aggregate-reduce-scatter",
-            "A partial float64 SUM aggregate of a reduce-scatter (unrooted) from ranks 0 and 1: "
-            "block-scaled with the largest block_elements (2^16, so one block) and the smallest scale "
-            "(-32768); two element integers then the attestation sum 2, width 8.",
+            "A partial float64 SUM aggregate of a reduce-scatter (unrooted) of 34 elements from ranks 0 "
+            "and 1: block-scaled with the largest block_elements (2^16, so one block per chunk) and the "
+            "smallest scale (-32768); chunk 1 holds two element integers then the attestation sum 2, "
+            "width 8.",
             _chunk(
                 PartialAggregate,
                 "rs",
@@ -763,7 +767,7 @@ def _chunk_samples() -> list[Sample]:
                 op=ReduceOp.SUM,
                 dtype=DType.FLOAT64,
                 elements=[1 << 40, -(1 << 40), 2],
-                total_elements=6,
+                total_elements=34,
                 chunk_elements=2,
                 chunk_index=1,
                 contributors=[0, 1],

@@ -191,17 +191,18 @@ def _combine_tree(call: Call, leaves: list[Json], parts: list[Json], result: Jso
 
 def check_combine(call: Call, v: Json) -> None:
     _combine_tree(call, v["contributions"], v["parts"], v["result"])
-    got = ok(
-        call(
-            "verify",
-            group_secret=v["group_secret"],
-            group_id=v["header"]["group_id"],
-            expected_ranks=v["expected_ranks"],
-            message=v["result"]["encoded"],
-        ),
-        "verify",
-    )
+    common = {
+        "group_secret": v["group_secret"],
+        "group_id": v["header"]["group_id"],
+        "expected_ranks": v["expected_ranks"],
+        "message": v["result"]["encoded"],
+        **({"at_least": v["at_least"]} if "at_least" in v else {}),
+    }
+    got = ok(call("verify", **common), "verify")
     same(got.get("values"), v["verified_values"], "verify")
+    for verifier in v.get("verifiers", []):
+        got = ok(call("verify", **common, **verifier), f"verify by rank {verifier['own_rank']}")
+        same(got.get("values"), v["verified_values"], f"verify by rank {verifier['own_rank']}")
 
 
 def check_payload_failure(call: Call, v: Json) -> None:
@@ -218,7 +219,10 @@ def check_payload_failure(call: Call, v: Json) -> None:
             message=v["message"],
             **args,
         )
-        refused(response, v["error_code"], "verify")
+        if v.get("ignored"):
+            same(ok(response, "verify").get("ignored"), True, "verify: ignored")
+        else:
+            refused(response, v["error_code"], "verify")
     elif stage == "decode":
         refused(call("decode", message=v["message"]), v["error_code"], "decode")
     elif stage == "propose":
@@ -305,6 +309,7 @@ def check_block_scale(call: Call, v: Json) -> None:
             ),
             "verify",
         )["values"]
+        same(verified, chunk["verified_values"], f"verify (chunk {header['chunk_index']})")
         divisor = len(chunk["result"]["contributors"]) if v["op"] == 2 else 1
         out = ok(
             call(
@@ -321,6 +326,11 @@ def check_block_scale(call: Call, v: Json) -> None:
     same(output, v["output_bits"], "decoded output")
 
 
+def check_live_input(call: Call, v: Json) -> None:
+    args = {k: v[k] for k in ("seed", "case", "rank", "dtype", "elements")}
+    same(ok(call("live_input", **args), "live_input").get("input_bits"), v["input_bits"], "live_input")
+
+
 CHECKS: dict[str, Callable[[Call, Json], None]] = {
     "messages.json": check_message,
     "decode_failures.json": check_decode_failure,
@@ -332,6 +342,8 @@ CHECKS: dict[str, Callable[[Call, Json], None]] = {
     "block_scale_failures.json": check_payload_failure,
     "wire_forms.json": check_wire_form,
     "block_scale.json": check_block_scale,
+    "live_inputs.json": check_live_input,
+    "live_cases.json": check_live_input,
 }
 """How each vector file is fed to an adapter."""
 

@@ -53,6 +53,9 @@ class DataOperation(WireOperation):
     """The caller's collective: its array, its result, and the form it travels in."""
 
     shape: tuple[int, ...] | None  # the caller's array shape, when known
+    deadline: float
+    """The call's deadline, which its passes share (draft section "Timeouts and Abort")."""
+    watchdog: bool = False  # moved on by every verified chunk of the call (no explicit timeout)
     exact: bool = False  # a float SUM or AVG in the EXACT form: limbs, no scale pass
     scaling: Scaling | None = None  # block-scaled operations only
     out: np.ndarray | None = None  # the caller's array for the result (checked at start)

@@ -79,9 +79,10 @@ class OperationEngine:
         self._early: dict[int, list[ChunkMessage | Abort]] = {}
         self._early_count = 0
         self._recent: OrderedDict[tuple[int, int], ChunkMessage] = OrderedDict()
-        """The last 2 x window chunks this rank sealed (their payload at its width: a few
-        MiB at most), to seal again for a rank that restarts an operation this one
-        completed (see :meth:`resend`)."""
+        """The last 2 x window chunks this rank sealed, whole (their payload at its width
+        and every identifying field: a few MiB at most), to seal again for a rank that
+        restarts an operation this one completed (see :meth:`resend`); a failed
+        operation's are dropped."""
 
     # --- observation ----------------------------------------------------------
 
@@ -98,7 +99,7 @@ class OperationEngine:
 
     def deadline(self, earliest: float | None) -> float | None:
         for op in self._ops.values():
-            earliest = earlier(earliest, op.deadline)
+            earliest = earlier(earliest, _call(op).deadline)
             if op.outstanding:
                 earliest = earlier(earliest, min(op.outstanding.values()) + op.timeout / 2)
         return earliest
@@ -311,7 +312,7 @@ class OperationEngine:
             return []  # another epoch's traffic: the operation runs (again) in this one
         if isinstance(message, Abort):
             if message.code in TREE_FAILURES:
-                self._interrupt(op, f"aborted by the tree: {message.detail}")
+                self._interrupt(op, f"aborted by the tree: {message.detail}", aborted_in=message.epoch)
                 return []
             missing = ranks_from_bitmap(message.missing) if message.missing is not None else None
             detail = f"aborted by the tree: {message.detail}"
@@ -390,11 +391,11 @@ class OperationEngine:
         return values
 
     def _progress(self, op: WireOperation, now: float) -> None:
-        """A chunk completed: a watchdog deadline (no explicit timeout) moves on, for
-        this operation and for the data operation its pass serves."""
-        for moving in (op, self._served(op)):
-            if moving is not None and moving.watchdog:
-                moving.deadline = max(moving.deadline, now + moving.timeout)
+        """A chunk of the call was verified: a watchdog deadline (no explicit timeout),
+        the call's one deadline whichever of its passes verified the chunk, moves on."""
+        call = _call(op)
+        if call.watchdog:
+            call.deadline = max(call.deadline, now + call.timeout)
 
     def _served(self, op: WireOperation) -> DataOperation | None:
         """The data operation a pass serves, while it is in flight."""
@@ -428,6 +429,8 @@ class OperationEngine:
             assert isinstance(op, DataOperation)
             result = op.shaped_result()
         self._apply(op, OperationEvent.LAST_CHUNK)
+        if isinstance(op, DataOperation):
+            self._end_passes(op)  # a presence pass run again may still wait: it decides nothing
         return [OperationCompleted(op.op_id, result, op.listed)]
 
     # --- ending ---------------------------------------------------------------
@@ -457,6 +460,7 @@ class OperationEngine:
         if self._ops.get(op.op_id) is not op:
             return []  # already ended, with its pass or its data operation
         self._apply(op, event)
+        self._forget_kept(op.op_id)
         out: list[Command] = []
         membership = self._membership
         parent = self._parent.peer
@@ -479,12 +483,26 @@ class OperationEngine:
             data.epoch = op.epoch
             failure = f"{'presence' if isinstance(op, PresencePass) else 'scale'} pass: {detail}"
             return out + self._finish_failed(data, event, code, failure, missing, tell_tree=tell_tree)
-        for wire_pass in [
-            p for p in self._ops.values() if isinstance(p, ScalePass | PresencePass) and p.data is op
-        ]:
-            self._apply(wire_pass, OperationEvent.LOST)
+        assert isinstance(op, DataOperation)
+        for wire_pass in self._end_passes(op):
+            self._forget_kept(wire_pass.op_id)
         out.append(OperationFailed(op.op_id, self._error(op, code, detail, missing)))
         return out
+
+    def _end_passes(self, data: DataOperation) -> list[WireOperation]:
+        """Release the passes of ``data``'s call still in flight (its call ended)."""
+        ended: list[WireOperation] = [
+            p for p in self._ops.values() if isinstance(p, ScalePass | PresencePass) and p.data is data
+        ]
+        for wire_pass in ended:
+            self._apply(wire_pass, OperationEvent.LOST)
+        return ended
+
+    def _forget_kept(self, op_id: int) -> None:
+        """A failed operation's sealed chunks are not kept for sealing again: only an
+        operation this rank completed is completed for the ranks that restart it."""
+        for key in [key for key in self._recent if key[0] == op_id]:
+            del self._recent[key]
 
     def _error(
         self, op: WireOperation, code: ErrorCode, detail: str, missing: frozenset[int] | None
@@ -513,23 +531,26 @@ class OperationEngine:
         for op in list(self._ops.values()):
             self._interrupt(op, why)
 
-    def _interrupt(self, op: WireOperation, why: str) -> None:
+    def _interrupt(self, op: WireOperation, why: str, aborted_in: int | None = None) -> None:
         """The tree ``op`` ran in failed: forget its progress and wait for the next tree,
         where it starts again from this rank's own input (new epoch, new chunk ids: no
         integer of the old tree is counted or accepted again).  Its deadline stands.
+        Interrupted by an Abort of epoch ``aborted_in``, it starts again only in a newer
+        epoch: that epoch's aggregators aborted it and drop its chunks.
 
         A block-scaled operation also runs its scale pass again, so that every rank
         agrees on its scales in the same tree, whatever it had received before."""
         if op.interrupted is not None:
             return
         op.interrupted = why
+        op.aborted_in = aborted_in
         self._apply(op, OperationEvent.RESTART)
         if isinstance(op, DataOperation) and op.scaling is not None and op.scaling.agreed is not None:
             op.agree(None)
             agreement = ScalePass.of(op.op_id - 1, op)
             if op.listed is not None:
                 agreement.decide(op.listed, op.presence)
-            self._again(agreement, why)
+            self._again(agreement, why, aborted_in)
         presence = op.presence
         if (
             presence is not None
@@ -541,19 +562,24 @@ class OperationEngine:
             # new pass decides the same members (the decision itself is kept here).
             assert isinstance(presence, PresencePass)
             data = op if isinstance(op, DataOperation) else presence.data
-            self._again(PresencePass.of(presence.op_id, data, presence.quorum, presence.members), why)
+            again = PresencePass.of(presence.op_id, data, presence.quorum, presence.members)
+            self._again(again, why, aborted_in)
 
-    def _again(self, wire_pass: WireOperation, why: str) -> None:
+    def _again(self, wire_pass: WireOperation, why: str, aborted_in: int | None) -> None:
         """A pass this rank had completed, to run again in the next tree, in call order."""
         wire_pass.interrupted = why
+        wire_pass.aborted_in = aborted_in
         self._ops[wire_pass.op_id] = wire_pass
         self._ops = OrderedDict(sorted(self._ops.items()))  # call order, for the window
 
     def resume_all(self) -> None:
-        """A tree is ready: interrupted operations start again (in the current epoch)."""
+        """A tree is ready: interrupted operations start again (in the current epoch),
+        except those an Abort of this epoch interrupted."""
+        epoch = self._membership.epoch
         for op in self._ops.values():
-            if op.interrupted is not None:
+            if op.interrupted is not None and (op.aborted_in is None or op.aborted_in < epoch):
                 op.interrupted = None
+                op.aborted_in = None
                 if op.source is None:
                     self._apply(op, OperationEvent.ALL_SENT)  # a broadcast receiver only waits
 
@@ -566,7 +592,7 @@ class OperationEngine:
             overdue = {i for i, sent in op.outstanding.items() if sent + op.timeout / 2 <= now}
             if overdue:
                 out += self._resend(op, overdue, now)
-        for op in [op for op in self._ops.values() if op.deadline <= now]:
+        for op in [op for op in self._ops.values() if _call(op).deadline <= now]:
             detail = f"no verified result for chunks {op.missing_chunks()} after {op.timeout:g}s"
             if op.interrupted is not None:
                 detail += f" (waiting for a new tree since: {op.interrupted})"
@@ -588,3 +614,11 @@ class OperationEngine:
             op.outstanding.clear()
         else:
             op.forget_progress()
+
+
+def _call(op: WireOperation) -> DataOperation:
+    """The data operation of ``op``'s call: ``op`` itself, or the one its pass serves."""
+    if isinstance(op, ScalePass | PresencePass):
+        return op.data
+    assert isinstance(op, DataOperation)
+    return op

@@ -33,6 +33,11 @@ class Liveness:
     def heard(self, now: float) -> None:
         self.last_heard = now
 
+    def retime(self, interval: float, now: float) -> None:
+        """Heartbeat every ``interval`` seconds from now on, the next one within it."""
+        self.interval = interval
+        self.next_heartbeat = min(self.next_heartbeat, now + interval)
+
     def lost_at(self, interval: float | None = None) -> float:
         """When the peer counts as lost if nothing arrives before then (after
         ``interval`` x LOSS_INTERVALS of silence; the heartbeat interval by default)."""

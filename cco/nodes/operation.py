@@ -61,9 +61,7 @@ class WireOperation:
     world_size: int  # the group's, as at join (ranks keep their numbers)
     source: np.ndarray | None  # this rank's input, flat and not encoded; None when it sends nothing
     placed: range  # the positions that carry source (ALL_GATHER: rank r's slice; else all)
-    deadline: float
-    timeout: float
-    watchdog: bool = False  # the deadline moves on with every completed chunk (no explicit timeout)
+    timeout: float  # the call's (its resend interval is half of it)
     total: int = -1  # element positions; -1 until known (a broadcast receiver learns it)
     chunk_elements: int = 0
     chunks: int = 0
@@ -79,6 +77,7 @@ class WireOperation:
     presence: WireOperation | None = None  # the completed presence pass that decided them
     gated: bool = False  # waits for its presence pass
     interrupted: str | None = None  # why it waits for the next tree before starting again
+    aborted_in: int | None = None  # the epoch of the Abort that interrupted it (restart only after it)
     headers: dict[int, ChunkHeader] = field(default_factory=dict)
     """Chunk index -> its header as :meth:`header` built it, so that sealing a chunk and
     checking its result build and check it once; forgotten when what it depends on

@@ -11,8 +11,9 @@ contributors decide the members the operation (and its scale pass) then runs ove
 strictly, so every chunk of the operation has the same contributors and every
 block's scale is set by one of them.
 
-A pass lives within its data operation's deadline, is sized like it and fails with
-it; the caller sees only the data operation.
+A pass lives within its data operation's deadline (one per call, which every verified
+chunk of the call moves on), is sized like it and fails with it; the caller sees only
+the data operation.
 """
 
 from __future__ import annotations
@@ -91,9 +92,7 @@ def _serving(
         world_size=data.world_size,
         source=source,
         placed=range(len(source)),
-        deadline=data.deadline,
         timeout=data.timeout,
-        watchdog=data.watchdog,
         data=data,
         **more,
     )

@@ -198,6 +198,7 @@ class RendezvousMachine:
             try:
                 event.message.to_map()  # field ranges: the codec checked them, a direct caller may not
                 self._message(peer, event.message, out)
+                peer.liveness.retime(self._beat_interval(peer), now)
             except CcoError as exc:
                 error = Error(
                     code=exc.code, detail=clip_detail(exc.detail), message_type=int(event.message.TYPE)
@@ -281,13 +282,22 @@ class RendezvousMachine:
         )
         self._node_peers[event.node_id] = event.peer
 
+    def _beat_interval(self, peer: PeerRecord) -> float:
+        """A member of groups with a shorter heartbeat interval hears from the rendezvous
+        at that one: it knows only its groups' intervals and times the rendezvous out by
+        them (draft section "Heartbeats and Loss Detection")."""
+        return min(self._intervals(peer))
+
     def _loss_interval(self, peer: PeerRecord) -> float:
         """A member of a group with a longer heartbeat interval is given that one's window."""
-        intervals = [
+        return max(self._intervals(peer))
+
+    def _intervals(self, peer: PeerRecord) -> list[float]:
+        """The rendezvous's own heartbeat interval and those of the peer's groups."""
+        return [
             self.config.heartbeat_interval,
             *(self._trees.groups[g].params.heartbeat_interval_ms / 1000.0 for g in peer.groups),
         ]
-        return max(intervals)
 
     def _timers(self, now: float, out: list[Command]) -> None:
         for peer in sorted(self._peers.values(), key=lambda p: p.peer):

@@ -27,7 +27,7 @@ from cco.wire.fields import (
     invalid,
     wire,
 )
-from cco.wire.ops import scaling_problem
+from cco.wire.ops import SUM_KINDS, scaling_problem
 from cco.wire.registries import (
     GROUP_ID_SIZE,
     GROUP_SECRET_SIZE,
@@ -409,6 +409,7 @@ def chunk_length(total_elements: int, chunk_elements: int, chunk_index: int) -> 
 
 
 ROOTED_KINDS = frozenset({Collective.REDUCE, Collective.BROADCAST})
+_BARRIER, _INT8 = Collective.BARRIER, DType.INT8
 """Kinds whose chunks name their root rank (a module constant: on Python 3.11 each
 enum member looked up on its class is an attribute miss that costs a call)."""
 
@@ -486,6 +487,8 @@ class ChunkMessage(Message, ChunkShape):
         ``__init__`` would build."""
         if getattr(self, "_valid", False):
             return
+        if self.kind in SUM_KINDS and (problem := self._data_moving_problem()) is not None:
+            raise invalid(where, problem, encoding)
         if self.width not in ELEMENT_WIDTHS:
             raise invalid(where, f"width {self.width} is not one of {ELEMENT_WIDTHS}", encoding)
         count = chunk_count(self.total_elements, self.chunk_elements)
@@ -518,6 +521,16 @@ class ChunkMessage(Message, ChunkShape):
         self._validate_quorum(where, encoding)
         if encoding:
             object.__setattr__(self, "_valid", True)  # in the instance dict: not a wire field
+
+    def _data_moving_problem(self) -> str | None:
+        """BROADCAST, ALL_GATHER and BARRIER chunks are sums of patterns: op SUM; a
+        BARRIER also has dtype INT8 and no elements."""
+        if self.op is not ReduceOp.SUM:
+            return f"{self.kind.name} chunks carry op SUM, not {self.op.name}"
+        if self.kind is _BARRIER and (self.dtype is not _INT8 or self.total_elements):
+            elements = self.total_elements
+            return f"a BARRIER chunk has dtype INT8 and 0 elements, not {self.dtype.name} and {elements}"
+        return None
 
     def _validate_quorum(self, where: str, encoding: bool) -> None:
         """members, quorum and wait_ms: ALL_REDUCE only; quorum and wait_ms together, and

@@ -1,6 +1,8 @@
 """``cco-interop live`` with our implementation in every role: every case passes;
 a node variant that tampers with Results fails exactly the cases that rely on
-honest aggregation; a node that exits 127 makes its cases unsupported, not failed.
+honest aggregation; a node that exits 127 makes its cases unsupported, not failed;
+an implementation given only as its command, whose endpoints draw their inputs
+from interop/README.md without ``cco.workload``, passes beside ours.
 
 These start real processes on loopback (about 80 s for the whole set on two
 cores, the broken-variant and unsupported checks about 25 s more).
@@ -21,6 +23,9 @@ from cco.interop import live
 ROOT = Path(__file__).resolve().parents[2]
 OURS = live.OUR_ADAPTER
 TAMPERING = f"env CCO_INTEROP_FAULT=flip-result {OURS}"
+INDEPENDENT = (
+    f"{shlex.quote(sys.executable)} {shlex.quote(str(Path(__file__).parent / 'independent_endpoint.py'))}"
+)
 
 
 def _case(name: str) -> live.Case:
@@ -114,3 +119,29 @@ def test_a_missing_results_file_or_a_wrong_digest_fails_the_judge(tmp_path: Path
     Path(nodes[1].env["RESULTS"]).write_text(json.dumps({"rank": 1, "world_size": 2, "results": wrong}))
     with pytest.raises(live.CaseFailed, match="differ from the exact"):
         live.judge_exact(run, nodes, work)
+
+
+@pytest.mark.timeout(600)
+def test_an_implementation_given_only_as_its_command_interoperates(tmp_path: Path) -> None:
+    """Its endpoints (tests/interop/independent_endpoint.py) compute every input from the
+    README's definitions and fail on any import of cco.workload; beside ours, in every
+    combination of the two, each case passes where it runs endpoints under our servers
+    and is unsupported where it would be a server."""
+    out = tmp_path / "matrix.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "cco.interop.cli", "live", "--impl", f"cco={OURS}",
+         "--impl", f"independent={INDEPENDENT}", "--case", "collectives", "--case", "allreduce-small",
+         "--json", str(out), "--workdir", str(tmp_path / "runs")],
+        cwd=ROOT, capture_output=True, text=True, timeout=580,
+    )  # fmt: skip
+    matrix = json.loads(out.read_text())
+    assert result.returncode == 0, result.stdout[-3000:]
+    for entry in matrix["cases"]:
+        roles = entry["roles"]
+        servers_ours = roles["rendezvous"] == roles["aggregator"] == "cco"
+        assert entry["outcome"] == (live.PASSED if servers_ours else live.UNSUPPORTED), entry
+    independent = [c for c in matrix["cases"] if c["roles"]["endpoint"] == "independent"]
+    assert sorted(c["case"] for c in independent if c["outcome"] == live.PASSED) == [
+        "allreduce-small",
+        "collectives",
+    ]

@@ -1,6 +1,6 @@
 """The committed payload vectors are reproducible, hold, and cover every attack.
 
-The checks in ``cco.interop.vectors_payload`` and ``cco.interop.vectors_blockscale``
+The checks of the payload files' modules in ``cco.interop.vectorfiles``
 recompute each value from its definition (``cco.interop.reference``: ``hmac``,
 ``hashlib``, AES, exact rationals and Python integers); here they run over the
 committed files, and over tampered copies, which they must reject.
@@ -15,13 +15,30 @@ from typing import Any
 
 import pytest
 
-from cco.interop import vectors_blockscale, vectors_payload
 from cco.interop.generate import render
+from cco.interop.vectorfiles import (
+    block_scale,
+    block_scale_failures,
+    payload_combine,
+    payload_keys,
+    payload_tags,
+    payload_verify_failures,
+    wire_forms,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 VECTOR_DIR = ROOT / "interop" / "vectors"
-FILES = {**vectors_payload.vector_files(), **vectors_blockscale.vector_files()}
-VECTOR_CHECKS = {**vectors_payload.VECTOR_CHECKS, **vectors_blockscale.VECTOR_CHECKS}
+MODULES = [
+    payload_keys,
+    payload_tags,
+    payload_combine,
+    payload_verify_failures,
+    wire_forms,
+    block_scale,
+    block_scale_failures,
+]
+FILES = {m.FILE: m.vectors() for m in MODULES}
+VECTOR_CHECKS = {m.FILE: m.check for m in MODULES}
 
 
 def _committed(name: str) -> list[dict[str, Any]]:

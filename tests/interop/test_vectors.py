@@ -18,9 +18,8 @@ import pytest
 
 from cco.interop import generate
 from cco.interop.cli import main
-from cco.interop.jsonform import JsonFormError, from_hex, message_from_json, message_to_json
+from cco.interop.jsonform import JsonFormError, from_hex, limits_from_json, message_from_json, message_to_json
 from cco.interop.rawcbor import encode_raw
-from cco.interop.verify import limits_from_json
 from cco.wire import cbor
 from cco.wire.errors import DecodeError, ErrorCode
 from cco.wire.framing import FrameDecoder, encode_frame, encode_varint

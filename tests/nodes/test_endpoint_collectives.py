@@ -13,6 +13,7 @@ from endpoint_rig import (
     GROUP,
     KEYS,
     PARAMS,
+    QUORUM,
     RANK,
     WORLD,
     Rig,
@@ -228,6 +229,26 @@ def test_unencodable_input_fails_the_operation_and_keeps_op_ids_aligned() -> Non
     (abort,) = sent(out, rig.parent, Abort)
     assert abort.missing == bitmap_from_ranks([RANK])
     assert rig.start(int_request([1]))[0] == op_id + 1
+
+
+@pytest.mark.parametrize(("quorum", "elements"), [(False, 2), (False, 40), (True, 2), (True, 40)])
+def test_an_unencodable_input_aborts_the_calls_first_op_id_only(quorum: bool, elements: int) -> None:
+    """A call of one, two or three op_ids (its presence pass, its scale pass, its
+    data): one Abort, for the first, in the current epoch; the caller's failure names
+    the data's op_id."""
+    rig = joined()
+    first = rig.machine.next_op_id
+    array = np.ones(elements, np.float32)
+    array[1] = np.nan
+    request = CollectiveRequest(kind=Collective.ALL_REDUCE, array=array, quorum=QUORUM if quorum else None)
+    op_id, out = rig.start(request)
+    assert op_id == first + quorum + (elements > 16)  # a scale pass beyond the EXACT form's 16
+    (abort,) = sent(out, rig.parent, Abort)
+    assert (abort.op_id, abort.epoch, abort.code) == (first, 1, ErrorCode.OVERFLOW)
+    assert abort.missing == bitmap_from_ranks([RANK])
+    (error,) = failures(out)
+    assert error.code is ErrorCode.OVERFLOW and error.op_id == op_id
+    assert rig.machine.next_op_id == op_id + 1
 
 
 def test_broadcast_root_is_clocked_by_its_own_data() -> None:
@@ -452,6 +473,38 @@ def test_the_default_deadline_is_a_watchdog_an_explicit_timeout_a_bound(explicit
         assert failures(outcomes) == []
         (completed,) = [c for c in outcomes if isinstance(c, OperationCompleted)]
         assert completed.op_id == op_id and rig.now == pytest.approx(2.7)
+
+
+def test_one_watchdog_per_call_moved_on_by_a_verified_chunk_of_any_of_its_passes() -> None:
+    """A quorum float sum is three op_ids (presence, scales, data) under one deadline:
+    the presence pass's Result, verified late, moves it for the scale pass too; only
+    verified chunks move it."""
+    rig = Rig()
+    params = GroupParams(chunk_elements=4, window=1, heartbeat_interval_ms=100, operation_timeout_ms=1000)
+    rig.join(params)  # the watchdog: 1.1 s after the start or the last verified chunk
+    request = CollectiveRequest(kind=Collective.ALL_REDUCE, array=np.ones(40, np.float32), quorum=QUORUM)
+    op_id, out = rig.start(request)
+    outcomes: list[Command] = []
+
+    def wait_until(moment: float) -> None:
+        while rig.now < moment - 1e-9:  # the rendezvous keeps talking while time passes
+            rig.rendezvous(Heartbeat(seq=1))
+            outcomes.extend(rig.timer(rig.now + 0.1))
+
+    (presence,) = sent(out, rig.parent, Contribution)
+    wait_until(0.9)
+    (scales,) = sent(rig.from_parent(result_for(presence, lambda rank, i: 1)), rig.parent, Contribution)
+    assert scales.op_id == op_id - 1
+    wait_until(1.9)  # past the start's watchdog, within the one the presence Result moved
+    assert failures(outcomes) == []
+    others = {r: np.zeros(0) for r in range(WORLD) if r != RANK}
+    while scales.op_id != op_id:  # the scale pass's chunks, then the data's first
+        (scales,) = sent(rig.from_parent(tree_result(scales, others)), rig.parent, Contribution)
+    wait_until(2.9)  # chunks sent again (at half the timeout) move nothing
+    assert failures(outcomes) == [] and sent(outcomes, rig.parent, Contribution)
+    wait_until(3.1)
+    (error,) = failures(outcomes)
+    assert error.code is ErrorCode.TIMEOUT and error.op_id == op_id
 
 
 @pytest.mark.parametrize("bits", [8, 16, 32, 64])

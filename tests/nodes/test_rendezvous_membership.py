@@ -325,3 +325,21 @@ def test_a_random_source_giving_a_short_secret_is_refused() -> None:
     with pytest.raises(ValueError, match="31 bytes"):
         RendezvousMachine(config, random_bytes=lambda n: bytes(n - 1))
     assert RendezvousMachine(config, random_bytes=bytes).status().groups[0].group_id == GID
+
+
+def test_a_member_of_a_group_with_a_shorter_interval_hears_from_the_rendezvous_at_that_one() -> None:
+    """The endpoint times the rendezvous out by its group's interval, the only one it
+    knows; so the rendezvous beats toward it at the shorter of its own and the group's
+    (and still gives it the longer one before calling it lost)."""
+    short = DEFAULT_PARAMS.heartbeat_interval_ms // 10
+    params = GroupParams(chunk_elements=1024, window=2, heartbeat_interval_ms=short, operation_timeout_ms=900)
+    h = Harness(RendezvousConfig(groups={GID: GroupConfig(4, CRED, params=params)}))
+    h.connect("stranger", Role.ENDPOINT)  # a member of no group: the rendezvous's own interval
+    h.endpoint("e0")
+    beat = short / 1000
+    beats: dict[str, int] = {"e0": 0, "stranger": 0}
+    for _ in range(9):  # 0.9 of the rendezvous's own interval
+        for cmd in h.tick(beat):
+            if isinstance(cmd, SendMessage) and isinstance(cmd.message, Heartbeat):
+                beats[cmd.peer] += 1
+    assert beats == {"e0": 9, "stranger": 0}

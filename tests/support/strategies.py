@@ -99,9 +99,12 @@ def chunk_message_strategy(draw: st.DrawFn, cls: type[ChunkMessage]) -> ChunkMes
     exact = target is Form.EXACT
     kind, op, dtype = draw(_operations[Form.BLOCK_SCALED if exact else target])
     assert form(kind, op, dtype, exact) is target
+    barrier = kind is Collective.BARRIER
+    dtype = DType.INT8 if barrier else dtype
     chunk_elements = draw(st.integers(1, 40))
-    # EXACT: whole elements of limbs, at most MAX_ELEMENTS of them
+    # EXACT: whole elements of limbs, at most MAX_ELEMENTS of them; a BARRIER: none
     total = limb_count(dtype) * draw(st.integers(0, MAX_ELEMENTS)) if exact else draw(st.integers(0, 100))
+    total = 0 if barrier else total
     index = draw(st.integers(0, chunk_count(total, chunk_elements) - 1))
     width = draw(st.sampled_from(list(ELEMENT_WIDTHS)))
     elements = chunk_length(total, chunk_elements, index)
@@ -149,8 +152,9 @@ _operations: dict[Form, st.SearchStrategy[tuple[Collective, ReduceOp, DType]]] =
     Form.VALUES: st.tuples(
         st.sampled_from(_REDUCTIONS), st.sampled_from(list(ReduceOp)), st.sampled_from(_INTEGERS)
     ),
+    # op SUM (a decoding rule for these kinds), and a BARRIER of INT8 (see the draw)
     Form.PATTERNS: st.tuples(
-        st.sampled_from(sorted(SUM_KINDS)), st.sampled_from(list(ReduceOp)), st.sampled_from(list(DType))
+        st.sampled_from(sorted(SUM_KINDS)), st.just(ReduceOp.SUM), st.sampled_from(list(DType))
     ),
     Form.ORDERED: st.tuples(
         st.sampled_from(_REDUCTIONS), st.sampled_from([ReduceOp.MIN, ReduceOp.MAX]), st.sampled_from(_FLOATS)
