@@ -40,7 +40,6 @@ from cco.nodes.rendezvous import FALLBACK_LABEL
 from cco.services.node import NodeService, Redialer
 from cco.services.polling import event_loop_factory
 from cco.transport import TransportConfig
-from cco.wire import kernels
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.messages import Address
 from cco.wire.registries import Collective, ReduceOp, Role
@@ -130,20 +129,10 @@ class Communicator:
         transport: TransportConfig,
         timeout: float = DEFAULT_JOIN_TIMEOUT,
         fallback: FallbackAggregator | None = None,
-        preload: bool = True,
     ) -> Communicator:
         """Connect to the rendezvous, join the group and wait until the tree is ready;
         with ``fallback``, also run an aggregator for the group (see
-        :class:`FallbackAggregator`).
-
-        With ``preload`` (the default) the compiled loops (numba, when installed) are
-        loaded first, before there is a session to keep alive: loaded by the first
-        chunk of more than a few elements instead, numba's import and compilation held
-        the event loop for seconds on a busy host, and the rendezvous declared the rank
-        lost for missing its heartbeats.  A process that loads them itself, or whose
-        collectives are all tiny (and would rather not carry numba), passes False."""
-        if preload:
-            kernels.preload()
+        :class:`FallbackAggregator`)."""
         machine = EndpointMachine(
             EndpointConfig(
                 group_id=spec.group_id,

@@ -105,8 +105,7 @@ async def run_endpoint(cfg: NodeConfig) -> int:
     )
     stop = stop_event()
     transport = transport_config(cfg)
-    # cco.launch has loaded the compiled loops if this workload's chunks run them
-    comm = await Communicator.join(spec, cfg.require("node_id"), transport, preload=False)
+    comm = await Communicator.join(spec, cfg.require("node_id"), transport)
     log.info(
         "%s joined as rank %d of %d (QUIC %s)",
         cfg.node_id,
