@@ -4,6 +4,8 @@
     cco-node certs --dir DIR NODE_ID:ROLE ...                   development CA and node certs
     cco-node demo [options]                                     a local cluster doing verified all-reduces
     cco-node standalone [options] [-- COMMAND ...]              a one-machine job's services (cco.standalone)
+    cco-node status --rendezvous HOST:PORT [options]            what a live node is doing
+    cco-node trace-analyze DUMP ...                             which rank a hung collective waits for
 
 Options come from flags, CCO_* environment variables and a TOML file (--config); see
 ``cco-node --help``.  Every mistake ends in one line on stderr naming its cause (and
@@ -34,10 +36,12 @@ usage: cco-node --role rendezvous|aggregator|endpoint [options]   run one node
        cco-node certs --dir DIR [--force] NODE_ID:ROLE ...         create development certificates
        cco-node demo [options]                                     a local cluster doing verified all-reduces
        cco-node standalone [options] [-- COMMAND ...]              a one-machine job's certs and services
+       cco-node status --rendezvous HOST:PORT [options]            what a live node is doing
+       cco-node trace-analyze DUMP ...                             which rank a hung collective waits for
        cco-node --version
 
-New here? Run `cco-node demo`.  `cco-node --help`, `cco-node certs --help` and
-`cco-node demo --help` describe every option."""
+New here? Run `cco-node demo`.  `cco-node --help` and `cco-node COMMAND --help`
+(certs, demo, standalone, status, trace-analyze) describe every option."""
 
 
 class UsageError(Exception):
@@ -77,7 +81,8 @@ def node_parser() -> argparse.ArgumentParser:
         prog="cco-node",
         description="Run a CCO node (rendezvous, aggregator or endpoint) over QUIC. "
         "New here? `cco-node demo` runs a whole cluster on this machine.",
-        epilog="Other commands: `cco-node certs --help`, `cco-node demo --help`. "
+        epilog="Other commands: `cco-node certs --help`, `cco-node demo --help`, `cco-node status --help`, "
+        "`cco-node trace-analyze --help`. "
         "Precedence: flags > CCO_* environment > --config TOML file > defaults; relative paths "
         "in the TOML file are relative to that file.  Exit status: 0 done (or stopped by "
         "SIGINT/SIGTERM), 1 a failed run, 2 bad usage or configuration (including credentials, "
@@ -168,6 +173,8 @@ def checked(cfg: NodeConfig) -> NodeConfig:
     check_node_credentials(transport.ca_file, transport.cert_file, transport.key_file, cfg.node_id, role, now)
     if role is not Role.ENDPOINT:
         _check_listen(cfg)
+    if cfg.metrics_listen is not None:
+        _check_metrics_listen(cfg.metrics_listen)
     if role is Role.RENDEZVOUS and cfg.store is None:
         fingerprint = load_certificate(Path(transport.ca_file)).fingerprint(hashes.SHA256()).hex()
         store = default_store_path(cfg.node_id, cfg.listen, fingerprint, os.environ)
@@ -188,6 +195,31 @@ def _check_listen(cfg: NodeConfig) -> None:
             probe.bind(infos[0][4])
     except OSError as exc:
         raise RunFailure(_os_failure(exc, cfg)) from None
+
+
+def _check_metrics_listen(address: str) -> None:
+    """The metrics need prometheus-client and a TCP address this host can listen on."""
+    from cco.config import parse_hostport
+
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        raise UsageError(
+            "--metrics-listen needs the prometheus-client package: pip install 'cco[metrics]'"
+        ) from None
+    host, port = parse_hostport(address)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(infos[0][4])
+    except OSError as exc:
+        reason = (
+            "the address is already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+        )
+        raise RunFailure(
+            f"cannot serve metrics on {address} (TCP): {reason.lower()}; choose another with --metrics-listen"
+        ) from None
 
 
 def _run_node(argv: list[str]) -> int:
@@ -236,6 +268,14 @@ def main(argv: list[str] | None = None) -> int:
             from cco.standalone import standalone_main
 
             return standalone_main(argv[1:])
+        if argv[0] == "status":
+            from cco.status_cli import status_main
+
+            return status_main(argv[1:], OneLineParser)
+        if argv[0] == "trace-analyze":
+            from cco.trace import trace_main
+
+            return trace_main(argv[1:], OneLineParser)
         return _run_node(argv)
     except UsageError as exc:
         print(f"cco-node: {exc}", file=sys.stderr)

@@ -338,6 +338,12 @@ class Communicator:
     # --- identity ------------------------------------------------------------------
 
     @property
+    def service(self) -> NodeService:
+        """The node service under this communicator: operators' tools read its flight
+        recorder and answer status through it (:mod:`cco.services.status`)."""
+        return self._service
+
+    @property
     def rank(self) -> int:
         rank = self._machine.rank
         assert rank is not None, "rank is known once join() returned"

@@ -142,6 +142,32 @@ OPTIONS: tuple[Option, ...] = (
         role_defaults={A: "127.0.0.1:4434"},
     ),
     Option("advertise", "HOST:PORT children should connect to; default: --listen", None, _hostport, (A,)),
+    Option(
+        "metrics_listen",
+        "HOST:PORT (TCP) to serve Prometheus metrics on, at /metrics (needs the prometheus-client "
+        "package: pip install 'cco[metrics]'; default: no metrics)",
+        None,
+        _hostport,
+        (R, A, E),
+    ),
+    Option(
+        "recorder_entries",
+        "operations and chunks the flight recorder keeps (dumped on SIGUSR1 to the state directory, "
+        "read by `cco-node status`)",
+        4096,
+        int,
+        (R, A, E),
+        minimum=1,
+        maximum=1 << 20,
+    ),
+    Option(
+        "status_listen",
+        "HOST:PORT (UDP) where this endpoint answers `cco-node status` (endpoints accept no other "
+        "connections; default: none, a rendezvous and an aggregator answer on --listen)",
+        None,
+        _hostport,
+        (E,),
+    ),
     Option("rendezvous", "HOST:PORT of the rendezvous", "127.0.0.1:4433", _hostport, (A, E)),
     Option("rendezvous_id", "node id the rendezvous certificate must carry", "rendezvous", str, (A, E)),
     Option("labels", "comma-separated location labels used for tree planning", (), _labels, (A, E)),
@@ -353,14 +379,19 @@ def default_store_path(node_id: str, listen: str, ca_fingerprint: str, environ: 
     so that a restarted rendezvous carries on from its own state while another job
     on the same host, with the same node id but another port or another CA, never
     restores the groups of this one."""
-    if environ.get("STATE_DIRECTORY"):
-        base = Path(environ["STATE_DIRECTORY"].split(":")[0])
-    elif environ.get("XDG_STATE_HOME"):
-        base = Path(environ["XDG_STATE_HOME"]) / "cco"
-    else:
-        base = Path.home() / ".local" / "state" / "cco"
     _, port = parse_hostport(listen)
-    return base / f"rendezvous-{node_id}-{port}-{ca_fingerprint[:16]}.sqlite3"
+    return state_directory(environ) / f"rendezvous-{node_id}-{port}-{ca_fingerprint[:16]}.sqlite3"
+
+
+def state_directory(environ: Mapping[str, str]) -> Path:
+    """Where a node keeps what it writes for later (a rendezvous's store, flight-recorder
+    dumps): ``$STATE_DIRECTORY`` (systemd's ``StateDirectory=``), else
+    ``$XDG_STATE_HOME/cco``, else ``~/.local/state/cco``."""
+    if environ.get("STATE_DIRECTORY"):
+        return Path(environ["STATE_DIRECTORY"].split(":")[0])
+    if environ.get("XDG_STATE_HOME"):
+        return Path(environ["XDG_STATE_HOME"]) / "cco"
+    return Path.home() / ".local" / "state" / "cco"
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 
 from cco.client import Communicator, GroupSpec
-from cco.config import NodeConfig
+from cco.config import NodeConfig, parse_hostport
 from cco.nodes.calls import CollectiveRequest
 from cco.nodes.operation import Quorum
 from cco.services.polling import give_way
-from cco.services.roles import parse_group_id, peak_rss_bytes, stop_event, transport_config
+from cco.services.roles import observe, parse_group_id, peak_rss_bytes, stop_event, transport_config
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.registries import Collective, DType, ReduceOp
 from cco.workload import NUMPY_TYPES, conformance_cases, make_input
@@ -113,6 +113,10 @@ async def run_endpoint(cfg: NodeConfig) -> int:
         comm.world_size,
         transport.quic_backend,
     )
+    observe(comm.service, cfg)
+    if cfg.status_listen is not None:
+        host, port = await comm.service.listen_status(*parse_hostport(cfg.status_listen))
+        log.info("%s answers status on %s:%d", cfg.node_id, host, port)
     try:
         if await _unless_stopped(_workload(comm, cfg), stop, cfg.node_id):
             # leave at once (no closing barrier) so that the other ranks' collectives

@@ -52,6 +52,7 @@ class ClusterSpec:
     credential: str = "demo"
     labels: tuple[str, ...] = ()
     extra_endpoint_args: tuple[str, ...] = field(default=())
+    extra_rendezvous_args: tuple[str, ...] = field(default=())
 
 
 @dataclass(slots=True)
@@ -129,6 +130,7 @@ class LocalCluster:
             str(self.spec.chunk_elements),
             "--window",
             str(self.spec.window),
+            *self.spec.extra_rendezvous_args,
         ]
 
     def _aggregator_args(self, node_id: str) -> list[str]:

@@ -2,7 +2,8 @@
 
 Text lines are ``time logger LEVEL message``; ``--log-format json`` writes one JSON
 object per line instead (``time``, ``level``, ``logger``, ``message``, and
-``exception`` with the traceback when there is one), which log shippers (journald's
+``exception`` with the traceback when there is one; a membership or registration
+line adds its fields, see :func:`cco.services.reports.fields`), which log shippers (journald's
 forwarders, Vector, Fluent Bit, Promtail) read without a parsing rule.
 
 The QUIC libraries (aioquic and qh3, both on the logger ``quic``) log about single
@@ -32,6 +33,9 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        extra = getattr(record, "cco_fields", None)
+        if isinstance(extra, dict):
+            entry.update(extra)
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, ensure_ascii=False)

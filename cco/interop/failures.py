@@ -508,9 +508,9 @@ def _type_failures() -> list[Failure]:
             hb,
             unknown,
             False,
-            "Message type 5 lies in a gap of the registry.",
-            "set the type to 5",
-            encode_raw([5, body]),
+            "Message type 7 lies in a gap of the registry.",
+            "set the type to 7",
+            encode_raw([7, body]),
         ),
         Failure(
             "type-after-last",

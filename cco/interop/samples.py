@@ -28,6 +28,7 @@ from cco.wire.messages import (
     Address,
     AggregatorAccept,
     AggregatorRegister,
+    AggregatorView,
     BroadcastData,
     Capabilities,
     ChunkAck,
@@ -36,6 +37,7 @@ from cco.wire.messages import (
     EpochChange,
     Error,
     GroupParams,
+    GroupView,
     Heartbeat,
     Hello,
     HelloAck,
@@ -43,12 +45,17 @@ from cco.wire.messages import (
     JoinReject,
     JoinRequest,
     Leave,
+    MemberView,
     Message,
     NodeRef,
     PartialAggregate,
+    RecordView,
     Result,
     RetransmitRequest,
+    StatusReply,
+    StatusRequest,
     TreeAssignment,
+    TreeNodeView,
     chunk_length,
 )
 from cco.wire.registries import (
@@ -285,6 +292,106 @@ def _connection_samples() -> list[Sample]:
             Heartbeat(seq=1 << 32),
         ),
         Sample("heartbeat-max", "seq 2^64-1: the largest unsigned CBOR integer.", Heartbeat(seq=U64_MAX)),
+    ]
+
+
+def _status_samples() -> list[Sample]:
+    group = group_id("training")
+    members = (
+        *(MemberView(rank=rank, node_id=f"ep-{rank}", state="assigned", connected=1) for rank in range(3)),
+        MemberView(rank=3, node_id="ep-3", state="joined", connected=0),
+    )
+    tree = (
+        TreeNodeView(node_id="agg-0", ranks=bitmap_from_ranks(range(4))),
+        TreeNodeView(node_id="agg-1", ranks=bitmap_from_ranks([2, 3]), parent="agg-0"),
+    )
+    record = RecordView(
+        group_id=group,
+        epoch=2,
+        op_id=52,
+        chunk_index=17,
+        kind=Collective.ALL_REDUCE,
+        state="collecting",
+        elements=32768,
+        missing=bitmap_from_ranks([3]),
+        started_ms=120_500,
+        updated_ms=120_512,
+    )
+    return [
+        Sample(
+            "status-request-no-records",
+            "StatusRequest without flight-recorder entries.",
+            StatusRequest(records=0),
+        ),
+        Sample(
+            "status-request-max",
+            "StatusRequest for the most entries a reply may carry.",
+            StatusRequest(records=4096),
+        ),
+        Sample(
+            "status-reply-rendezvous",
+            "A rendezvous's StatusReply: a group of 4 over a two-level tree (one member away, "
+            "optional world_size present) and the aggregators with their load.",
+            StatusReply(
+                role=Role.RENDEZVOUS,
+                node_id="rendezvous",
+                uptime_ms=3_600_000,
+                groups=(
+                    GroupView(
+                        group_id=group, epoch=2, state="active", world_size=4, members=members, tree=tree
+                    ),
+                ),
+                aggregators=(
+                    AggregatorView(
+                        node_id="agg-0",
+                        address=Address(host="10.0.0.1", port=4434),
+                        capacity=16,
+                        max_fan_in=8,
+                        groups=1,
+                        connected=1,
+                        labels=("rack-a",),
+                    ),
+                    AggregatorView(
+                        node_id="agg-1",
+                        address=Address(host="10.0.0.2", port=4434),
+                        capacity=1,
+                        max_fan_in=2,
+                        groups=1,
+                        connected=0,
+                        labels=(),
+                    ),
+                ),
+                records=(),
+                omitted=0,
+            ),
+        ),
+        Sample(
+            "status-reply-aggregator",
+            "An aggregator's StatusReply: its place in one tree (no world_size), an operation "
+            "entry (chunk_index absent) and a chunk still missing rank 3; 5 entries omitted.",
+            StatusReply(
+                role=Role.AGGREGATOR,
+                node_id="agg-1",
+                uptime_ms=0,
+                groups=(GroupView(group_id=group, epoch=2, state="active", members=(), tree=tree[1:]),),
+                aggregators=(),
+                records=(
+                    RecordView(
+                        group_id=group,
+                        epoch=2,
+                        op_id=52,
+                        kind=Collective.ALL_REDUCE,
+                        state="collecting",
+                        elements=1 << 20,
+                        missing=b"",
+                        started_ms=120_400,
+                        updated_ms=120_512,
+                    ),
+                    record,
+                ),
+                omitted=5,
+            ),
+        ),
     ]
 
 
@@ -841,7 +948,13 @@ def _chunk_samples() -> list[Sample]:
 
 def samples() -> list[Sample]:
     """Every valid sample, grouped by message type in registry order."""
-    found = [*_connection_samples(), *_membership_samples(), *_topology_samples(), *_chunk_samples()]
+    found = [
+        *_connection_samples(),
+        *_status_samples(),
+        *_membership_samples(),
+        *_topology_samples(),
+        *_chunk_samples(),
+    ]
     names = [s.name for s in found]
     assert len(set(names)) == len(names), "sample names are unique"
     assert {s.message.TYPE for s in found} == set(MessageType), "every message type has a sample"

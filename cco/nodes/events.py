@@ -16,6 +16,7 @@ Inputs are named in the past tense (what happened); commands in the imperative.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import TYPE_CHECKING
 
 from cco.wire.errors import CcoError, ErrorCode
@@ -151,12 +152,47 @@ class OperationFailed:
     error: CcoError
 
 
-Command = SendMessage | ConnectTo | ClosePeer | Joined | JoinFailed | OperationCompleted | OperationFailed
+class Happening(Enum):
+    """What a :class:`Report` tells the operator about."""
+
+    JOINED = "joined"  # an endpoint was admitted to a group (or came back after a restart)
+    JOIN_REJECTED = "join rejected"
+    LEFT = "left"  # a member left its group
+    LOST = "lost"  # a member's or an aggregator's connection ended without a Leave
+    REGISTERED = "registered"  # an aggregator's registration was accepted
+    REFUSED = "refused"  # a connection or a message was refused (Error to the peer)
+    EPOCH = "epoch"  # a group's epoch ended: new epoch, members and reason
+    TREE = "tree"  # a group got its tree for the current epoch
+    WAITING = "waiting"  # a group has no aggregator capacity for a tree
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """Something an operator wants to know happened, as data: the service logs it at
+    INFO and counts it (the machines have no logger).  Rare by design: membership,
+    registration, refusals and tree changes, never a chunk.
+
+    ``node_id`` is the peer it concerns (empty when it concerns a group as a whole);
+    ``code`` the reason a peer was refused or a member lost, or an epoch ended."""
+
+    what: Happening
+    node_id: str = ""
+    group_id: bytes | None = None
+    rank: int | None = None
+    epoch: int | None = None
+    code: ErrorCode = ErrorCode.NO_ERROR
+    detail: str = ""
+
+
+Command = (
+    SendMessage | ConnectTo | ClosePeer | Joined | JoinFailed | OperationCompleted | OperationFailed | Report
+)
 
 __all__ = [
     "ClosePeer",
     "Command",
     "ConnectTo",
+    "Happening",
     "Input",
     "JoinFailed",
     "Joined",
@@ -167,6 +203,7 @@ __all__ = [
     "PeerConnected",
     "PeerDisconnected",
     "PeerId",
+    "Report",
     "SendMessage",
     "TimerFired",
 ]

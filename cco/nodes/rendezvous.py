@@ -69,10 +69,12 @@ from collections.abc import Callable
 from cco.nodes.events import (
     ClosePeer,
     Command,
+    Happening,
     Input,
     MessageMalformed,
     PeerConnected,
     PeerDisconnected,
+    Report,
     SendMessage,
     TimerFired,
 )
@@ -191,6 +193,9 @@ class RendezvousMachine:
                 SendMessage(peer.peer, Error(code=event.error.code, detail=clip_detail(event.error.detail)))
             )
             out.append(ClosePeer(peer.peer, event.error.code, "malformed message"))
+            out.append(
+                Report(Happening.REFUSED, peer.node_id, code=event.error.code, detail=event.error.detail)
+            )
             self._peer_event(peer, PeerEvent.MALFORMED, None, out)
         else:
             peer = self._peers[event.peer]
@@ -204,6 +209,7 @@ class RendezvousMachine:
                     code=exc.code, detail=clip_detail(exc.detail), message_type=int(event.message.TYPE)
                 )
                 out.append(SendMessage(peer.peer, error))
+                out.append(Report(Happening.REFUSED, peer.node_id, code=exc.code, detail=exc.detail))
         return out
 
     def next_deadline(self) -> float | None:
@@ -243,6 +249,11 @@ class RendezvousMachine:
         lost = sorted(node_id for node_id, r in trees.registrations.items() if r.away)
         for node_id in lost:
             del trees.registrations[node_id]
+            out.append(
+                Report(
+                    Happening.LOST, node_id, code=ErrorCode.PEER_LOST, detail="aggregator not back in time"
+                )
+            )
         for node_id in lost:
             trees.aggregators_changed(out, lost=node_id)
         for _, group in sorted(trees.groups.items()):
@@ -287,15 +298,16 @@ class RendezvousMachine:
         if event.peer in self._peers:
             return  # the I/O layer reported the same connection twice
         if event.role not in MAY_SEND:
-            out.append(
-                ClosePeer(event.peer, ErrorCode.UNAUTHORIZED, f"role {event.role.name} has no business here")
-            )
+            detail = f"role {event.role.name} has no business here"
+            out.append(ClosePeer(event.peer, ErrorCode.UNAUTHORIZED, detail))
+            out.append(Report(Happening.REFUSED, event.node_id, code=ErrorCode.UNAUTHORIZED, detail=detail))
             return
         if event.node_id in self._node_peers:
             # an Error first: the refused node learns why and does not try again blindly
             detail = f"{event.node_id} is already connected"
             out.append(SendMessage(event.peer, Error(code=ErrorCode.UNAUTHORIZED, detail=detail)))
             out.append(ClosePeer(event.peer, ErrorCode.UNAUTHORIZED, detail))
+            out.append(Report(Happening.REFUSED, event.node_id, code=ErrorCode.UNAUTHORIZED, detail=detail))
             return
         state = PeerState.ENDPOINT if event.role is Role.ENDPOINT else PeerState.REGISTERING
         liveness = Liveness.starting(self.config.heartbeat_interval, now, self.config.loss_window)
@@ -381,6 +393,7 @@ class RendezvousMachine:
         registration = trees.registrations.get(peer.node_id)
         if registration is not None and not registration.away:
             del trees.registrations[peer.node_id]
+            out.append(Report(Happening.LOST, peer.node_id, code=ErrorCode.PEER_LOST, detail="aggregator"))
             self._changed()
             trees.aggregators_changed(out, lost=peer.node_id)
         else:
@@ -405,6 +418,9 @@ class RendezvousMachine:
                 # a restored registration is back: its trees are what it had
                 known.away = False
                 out.append(SendMessage(peer.peer, accept))
+                out.append(
+                    Report(Happening.REGISTERED, node_id, detail=_offer(info) + ", back after a restart")
+                )
                 out += trees.assignments_of(node_id)
                 return
             # registered differently (another address, capacity...): the old one is lost
@@ -413,6 +429,7 @@ class RendezvousMachine:
         trees.registrations[node_id] = Registration(info, peer.capabilities)
         self._changed()
         out.append(SendMessage(peer.peer, accept))
+        out.append(Report(Happening.REGISTERED, node_id, detail=_offer(info)))
         trees.aggregators_changed(out, lost=None)
 
     def _join(self, peer: PeerRecord, request: JoinRequest, out: list[Command]) -> None:
@@ -439,6 +456,7 @@ class RendezvousMachine:
         except CcoError as exc:
             reject = JoinReject(group_id=request.group_id, code=exc.code, detail=exc.detail)
             out.append(SendMessage(peer.peer, reject))
+            out.append(_rejected(peer, request, exc))
             return
         if created:  # a group created by this join exists from now on
             trees.groups[group.group_id] = group
@@ -457,6 +475,7 @@ class RendezvousMachine:
         peer.groups.add(group.group_id)
         self._changed()
         out.append(SendMessage(peer.peer, self._accept(group, rank, group.epoch)))
+        out.append(Report(Happening.JOINED, peer.node_id, group.group_id, rank, group.epoch))
         trees.membership_changed(group, GroupEvent.JOIN, ErrorCode.NO_ERROR, out)
         trees.retry_waiting(out)
 
@@ -492,6 +511,7 @@ class RendezvousMachine:
             out.append(
                 SendMessage(peer.peer, JoinReject(group_id=group.group_id, code=exc.code, detail=exc.detail))
             )
+            out.append(_rejected(peer, request, exc))
             return
         if member.capabilities != peer.capabilities:
             member.capabilities = peer.capabilities
@@ -499,6 +519,9 @@ class RendezvousMachine:
         member.peer = peer.peer
         peer.groups.add(group.group_id)
         out.append(SendMessage(peer.peer, self._accept(group, member.rank, member.epoch)))
+        out.append(
+            Report(Happening.JOINED, peer.node_id, group.group_id, member.rank, member.epoch, detail="again")
+        )
         if member.epoch != group.epoch:
             change = EpochChange(
                 group_id=group.group_id,
@@ -589,8 +612,10 @@ class RendezvousMachine:
     ) -> None:
         """Members gone at once: one membership change (one epoch) for all of them."""
         self._admission.members -= len(ranks)
+        what = Happening.LEFT if event is MemberEvent.LEAVE else Happening.LOST
         for rank in ranks:
             member = group.members.pop(rank)
+            out.append(Report(what, member.node_id, group.group_id, rank, group.epoch, code))
             self._trees.member_event(member, event)
             peer = self._peers.get(member.peer) if member.peer is not None else None
             if peer is not None:
@@ -598,6 +623,24 @@ class RendezvousMachine:
         self._changed()
         group_event = GroupEvent.LEAVE if event is MemberEvent.LEAVE else GroupEvent.LOST
         self._trees.membership_changed(group, group_event, code, out)
+
+
+def _offer(info: AggregatorInfo) -> str:
+    return (
+        f"at {info.address.host}:{info.address.port}, capacity {info.capacity}, "
+        f"fan-in {info.max_fan_in}, labels {list(info.labels)}"
+    )
+
+
+def _rejected(peer: PeerRecord, request: JoinRequest, error: CcoError) -> Report:
+    return Report(
+        Happening.JOIN_REJECTED,
+        peer.node_id,
+        request.group_id,
+        request.rank,
+        code=error.code,
+        detail=error.detail,
+    )
 
 
 __all__ = ["FALLBACK_LABEL", "MAY_SEND", "GroupConfig", "RendezvousConfig", "RendezvousMachine"]

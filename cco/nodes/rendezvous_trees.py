@@ -23,7 +23,7 @@ import contextlib
 from collections import Counter
 from collections.abc import Callable, Mapping
 
-from cco.nodes.events import Command, PeerId, SendMessage
+from cco.nodes.events import Command, Happening, PeerId, Report, SendMessage
 from cco.nodes.fsm import Move, TransitionTable
 from cco.nodes.rendezvous_config import FALLBACK_LABEL
 from cco.nodes.rendezvous_records import GroupRecord, MemberRecord, Registration, chunk_elements_limit
@@ -134,6 +134,10 @@ class Trees:
                     # the members learn at once that no tree can be had, not by a timeout
                     self._end_epoch(group, ErrorCode.NO_AGGREGATOR, out)
                 self._changed()
+                detail = "no aggregator capacity for a tree; waiting for one"
+                out.append(
+                    Report(Happening.WAITING, group_id=group.group_id, epoch=group.epoch, detail=detail)
+                )
             case GroupAction.END:
                 self._end_epoch(group, code, out)
             case GroupAction.REOPEN:
@@ -171,6 +175,10 @@ class Trees:
         change = EpochChange(
             group_id=group.group_id, epoch=group.epoch, members=group.members_bitmap(), code=code
         )
+        members = f"members {sorted(group.members)}"
+        out.append(
+            Report(Happening.EPOCH, group_id=group.group_id, epoch=group.epoch, code=code, detail=members)
+        )
         for _, member in sorted(group.members.items()):
             if member.peer is not None:
                 out.append(SendMessage(member.peer, change))
@@ -202,6 +210,7 @@ class Trees:
         away node gets its own when it registers or joins again)."""
         self._set_plan(group, plan)
         self._changed()
+        out.append(Report(Happening.TREE, group_id=group.group_id, epoch=group.epoch, detail=plan.describe()))
         for placement in plan.aggregators:
             peer = self._aggregator_peer(placement.node_id)
             if peer is not None:

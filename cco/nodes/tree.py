@@ -164,6 +164,14 @@ class TreePlan:
                 return ref
         raise KeyError(rank)
 
+    def describe(self) -> str:
+        """One line for the logs: each aggregator, root first, with its children, then
+        the strategy."""
+        levels = "; ".join(
+            f"{p.node_id} <- [{', '.join(c.node_id for c in p.children)}]" for p in self.aggregators
+        )
+        return f"{levels} ({self.strategy.value}, depth {self.depth})"
+
 
 def fan_in_bound(aggregator: AggregatorInfo, group_bound: int) -> int:
     return min(group_bound, aggregator.max_fan_in)

@@ -12,21 +12,22 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import resource
 import signal
 import time
 from pathlib import Path
 
-from cco.config import NodeConfig, parse_hostport
+from cco.config import NodeConfig, parse_hostport, state_directory
 from cco.nodes.aggregator import AggregatorConfig, AggregatorMachine
 from cco.nodes.aggregator_states import NodeState
 from cco.nodes.rendezvous import GroupConfig, RendezvousConfig, RendezvousMachine
+from cco.services.dump import dump_on_signal
 from cco.services.node import NodeService, Redialer
 from cco.services.store import (
     PersistentRendezvous,
     RendezvousStore,
     StoreError,
-    default_store_path,
     stored_groups,
 )
 from cco.transport import TransportConfig
@@ -79,9 +80,24 @@ def parse_group_id(text: str) -> bytes:
     return group_id
 
 
+def observe(service: NodeService, cfg: NodeConfig) -> None:
+    """Size the node's flight recorder and dump it on SIGUSR1 (:mod:`cco.services.dump`);
+    serve its metrics if ``--metrics-listen`` asks for them (:mod:`cco.services.metrics`)."""
+    service.runner.recorder.resize(cfg.recorder_entries)
+    dump_on_signal(service, state_directory(os.environ))
+    if cfg.metrics_listen is not None:
+        from cco.services.metrics import NodeMetrics  # prometheus-client: only when asked for
+
+        metrics = NodeMetrics(service.runner)
+        host, port = metrics.serve(*parse_hostport(cfg.metrics_listen))
+        service.runner.metrics = metrics
+        log.info("%s serves metrics on http://%s:%d/metrics", cfg.node_id, host, port)
+
+
 REGISTRATION_REFUSED = 3
-"""Exit status of an aggregator whose registration the rendezvous refused (asking
-again would not help: a service manager should not restart it unchanged)."""
+"""Exit status of an aggregator whose registration the rendezvous refused, or whose
+first connection to it was refused for authorization (asking again would not help:
+a service manager should not restart it unchanged)."""
 
 
 def stop_event() -> asyncio.Event:
@@ -134,7 +150,7 @@ async def run_rendezvous(cfg: NodeConfig) -> int:
         failures.append(error)
         stop.set()
 
-    store = RendezvousStore(cfg.store if cfg.store is not None else default_store_path(node_id))
+    store = RendezvousStore(cfg.require("store"))  # the default is filled in by cco.cli.checked
     try:
         machine = PersistentRendezvous.open(
             store, lambda state: RendezvousMachine.restored(state, time.monotonic(), config), store_failed
@@ -153,6 +169,7 @@ async def run_rendezvous(cfg: NodeConfig) -> int:
             for line in stored_groups(machine.machine.durable_state()):
                 log.info("restored %s", line)
         service = NodeService(machine, node_id, Role.RENDEZVOUS, transport)
+        observe(service, cfg)
         address = await service.listen(host, port)
         service.runner.execute_all([])  # arms the end of the grace period, should nobody come back
         log.info(
@@ -183,6 +200,7 @@ async def run_aggregator(cfg: NodeConfig) -> int:
         )
     )
     service = NodeService(machine, cfg.require("node_id"), Role.AGGREGATOR, transport_config(cfg))
+    observe(service, cfg)
     await service.listen(host, port)
     log.info(
         "aggregator %s listening on %s:%d (QUIC %s)", cfg.node_id, host, port, service.transport.quic_backend
@@ -206,7 +224,10 @@ async def _stay_registered(
     """Register with the rendezvous, and again whenever it is lost (a restart, a
     network failure), waiting 1 s, 2 s, 4 s ... up to 30 s between attempts, until
     SIGINT or SIGTERM (exit 0) or a refused registration (exit REGISTRATION_REFUSED)."""
-    redial = Redialer(service, parse_hostport(cfg.rendezvous), cfg.rendezvous_id, f"aggregator {cfg.node_id}")
+    who = f"aggregator {cfg.node_id}"
+    redial = Redialer(
+        service, parse_hostport(cfg.rendezvous), cfg.rendezvous_id, who, first_refusal_is_final=True
+    )
     reported = NodeState.DETACHED
     while not stop.is_set():
         if machine.refusal is not None:
@@ -221,7 +242,12 @@ async def _stay_registered(
         if machine.state is not NodeState.DETACHED:
             await pause(stop, 0.2)
             continue
-        if not await redial.attempt(lambda seconds: pause(stop, seconds)):
+        try:
+            connected = await redial.attempt(lambda seconds: pause(stop, seconds))
+        except CcoError as exc:  # refused for authorization at the first attempt: asking again would not help
+            log.error("%s; exiting", exc.detail)
+            return REGISTRATION_REFUSED
+        if not connected:
             continue
         if redial.attempts > 1:
             log.info("aggregator %s: registering again with rendezvous %s", cfg.node_id, cfg.rendezvous)

@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cco.nodes.events import (
     ClosePeer,
@@ -33,18 +33,28 @@ from cco.nodes.events import (
     PeerConnected,
     PeerDisconnected,
     PeerId,
+    Report,
     SendMessage,
     TimerFired,
 )
+from cco.services.recorder import DEFAULT_ENTRIES, Recorder
+from cco.services.reports import log_report
 from cco.transport.link import LinkClosed, PeerLink
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import ranks_from_bitmap
-from cco.wire.messages import EpochChange, Message, TreeAssignment
+from cco.wire.messages import EpochChange, Error, Message, StatusReply, StatusRequest, TreeAssignment
+
+if TYPE_CHECKING:
+    from cco.services.metrics import NodeMetrics
 
 log = logging.getLogger(__name__)
 
 CLOSE_WAIT = 2.0
 """Seconds :meth:`MachineRunner.close` waits for the connections to terminate."""
+
+
+StatusSource = Callable[[StatusRequest, int, float], StatusReply]
+"""Builds a StatusReply for a request, within a size limit (bytes), at a time."""
 
 
 class Machine(Protocol):
@@ -102,11 +112,18 @@ class MachineRunner:
         connector: Callable[[ConnectTo], asyncio.Task[PeerLink]],
         on_command: Callable[[Command], None] = lambda command: None,
         clock: Callable[[], float] = time.monotonic,
+        recorder_entries: int = DEFAULT_ENTRIES,
     ) -> None:
         self.machine = machine
         self._connector = connector
         self.on_command = on_command
         self.clock = clock
+        self.recorder = Recorder(clock(), recorder_entries)
+        self.metrics: NodeMetrics | None = None
+        """Counts what passes (``--metrics-listen``, :mod:`cco.services.metrics`)."""
+        self.status: StatusSource | None = None
+        """Builds the answer to a StatusRequest (:class:`~cco.services.node.NodeService`
+        sets it); without one, a StatusRequest is refused."""
         self._links: dict[PeerId, PeerLink] = {}
         self._departing: set[PeerLink] = set()  # gone from _links, connection not yet terminated
         self._tasks: set[asyncio.Task[None]] = set()
@@ -121,15 +138,25 @@ class MachineRunner:
 
     def dispatch(self, event: Input, flush: bool = True) -> None:
         """Hand one input to the machine and carry out what it asks for (see
-        :meth:`execute_all` for ``flush``)."""
+        :meth:`execute_all` for ``flush``).  A StatusRequest is answered here, from
+        the machine's state and the flight recorder: it changes nothing."""
         if self._closing:
             return  # a closing node neither decides nor sends anything more
-        if isinstance(event, MessageReceived) and isinstance(event.message, (TreeAssignment, EpochChange)):
-            log.info("%s", describe_membership(event.message))
-            if isinstance(event.message, EpochChange):
-                self.on_epoch_change()  # an epoch's slots and queues go with it
+        now = self.clock()
+        if isinstance(event, MessageReceived):
+            message = event.message
+            if isinstance(message, StatusRequest):
+                self._answer_status(event.peer, message, now)
+                return
+            self.recorder.received(message, now)
+            if self.metrics is not None:
+                self.metrics.received(message, now)
+            if isinstance(message, (TreeAssignment, EpochChange)):
+                log.info("%s", describe_membership(message))
+                if isinstance(message, EpochChange):
+                    self.on_epoch_change()  # an epoch's slots and queues go with it
         try:
-            commands = self.machine.handle(event, self.clock())
+            commands = self.machine.handle(event, now)
         except CcoError as exc:  # the machines refuse local misuse this way
             log.error("machine refused %s: %s", type(event).__name__, exc)
             return
@@ -173,6 +200,26 @@ class MachineRunner:
         link.listen(_LinkListener(self, peer, link))
         return peer
 
+    def links(self) -> list[PeerLink]:
+        """The open connections, for the metrics' scrape-time gauges."""
+        return list(self._links.values())
+
+    def _answer_status(self, peer: PeerId, request: StatusRequest, now: float) -> None:
+        link = self._links.get(peer)
+        if link is None:
+            return
+        try:
+            if self.status is None:
+                raise CcoError(ErrorCode.PROTOCOL_VIOLATION, "this node does not answer StatusRequest")
+            reply: Message = self.status(request, link.capabilities.max_message_size, now)
+        except CcoError as exc:
+            reply = Error(code=exc.code, detail=exc.detail, message_type=int(request.TYPE))
+        try:
+            link.send(reply)
+        except LinkClosed:
+            return
+        link.flush()
+
     def _link_closed(self, peer: PeerId, link: PeerLink, code: ErrorCode, detail: str) -> None:
         if self._links.get(peer) is link:
             del self._links[peer]
@@ -201,6 +248,10 @@ class MachineRunner:
             except LinkClosed:  # closed meanwhile (often by the machine's own ClosePeer): departed
                 log.debug("dropping %s for closed link to %s", type(command.message).__name__, command.peer)
                 return None
+            now = self.clock()
+            self.recorder.sent(command.message, now)
+            if self.metrics is not None:
+                self.metrics.sent(command.message, now)
             return link
         if isinstance(command, ConnectTo):
             self._spawn(self._connect(command))
@@ -208,7 +259,15 @@ class MachineRunner:
             link = self._links.get(command.peer)
             if link is not None:
                 link.close(command.code, command.detail)
+        elif isinstance(command, Report):
+            log_report(command)
+            if self.metrics is not None:
+                self.metrics.report(command)
         else:
+            now = self.clock()
+            self.recorder.command(command, now)
+            if self.metrics is not None:
+                self.metrics.command(command, now)
             self.on_command(command)
         return None
 

@@ -89,14 +89,6 @@ class StoreError(CcoError):
         super().__init__(ErrorCode.INTERNAL_ERROR, f"rendezvous store {path}: {detail}")
 
 
-def default_store_path(node_id: str, environ: dict[str, str] | None = None) -> Path:
-    """``$XDG_STATE_HOME/cco/rendezvous-<node_id>.sqlite3``, else under ``~/.local/state``
-    (the XDG base directory for state that survives a restart but is not configuration)."""
-    env = os.environ if environ is None else environ
-    base = Path(env["XDG_STATE_HOME"]) if env.get("XDG_STATE_HOME") else Path.home() / ".local" / "state"
-    return base / "cco" / f"rendezvous-{node_id}.sqlite3"
-
-
 class RendezvousStore:
     """One SQLite file (or :data:`MEMORY`) holding one rendezvous's durable state."""
 
@@ -457,6 +449,5 @@ __all__ = [
     "PersistentRendezvous",
     "RendezvousStore",
     "StoreError",
-    "default_store_path",
     "stored_groups",
 ]

@@ -21,6 +21,9 @@ class PathStats:
     congestion_window: int
     """Bytes the congestion controller lets be in flight."""
     bytes_in_flight: int
+    lost_packets: int | None = None
+    """Packets declared lost on this connection so far; None where the QUIC stack does
+    not count them (aioquic)."""
 
     @property
     def send_rate(self) -> float | None:

@@ -356,6 +356,7 @@ class Qh3Connection:
             latest_rtt=core.latest_rtt,
             congestion_window=core.congestion_window,
             bytes_in_flight=core.bytes_in_flight,
+            lost_packets=core.loss_total,
         )
 
     @property

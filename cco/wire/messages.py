@@ -194,6 +194,101 @@ class Heartbeat(Message):
     seq: int = wire(1, _U64)
 
 
+# --- status (draft section "Status") -------------------------------------------------
+
+MAX_STATUS_ITEMS = 4096
+"""Groups, aggregators or flight-recorder records in one StatusReply."""
+_STATE = Text(min_len=1, max_len=32)
+_FLAG = UInt(maximum=1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemberView(Struct):
+    """A member of a group as its rendezvous sees it."""
+
+    rank: int = wire(1, _RANK)
+    node_id: str = wire(2, _NODE_ID)
+    state: str = wire(3, _STATE)
+    connected: int = wire(4, _FLAG)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TreeNodeView(Struct):
+    """An aggregator of a group's tree: the ranks below it and its parent."""
+
+    node_id: str = wire(1, _NODE_ID)
+    ranks: bytes = wire(2, _RANK_BITMAP)
+    parent: str | None = wire(3, _NODE_ID, optional=True)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupView(Struct):
+    """A group as the answering node sees it."""
+
+    group_id: bytes = wire(1, _GROUP_ID)
+    epoch: int = wire(2, _U64)
+    state: str = wire(3, _STATE)
+    world_size: int | None = wire(4, _WORLD_SIZE, optional=True)
+    members: tuple[MemberView, ...] = wire(5, ListOf(Nested(MemberView), max_items=MAX_WORLD_SIZE))
+    tree: tuple[TreeNodeView, ...] = wire(6, ListOf(Nested(TreeNodeView), max_items=MAX_WORLD_SIZE))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AggregatorView(Struct):
+    """A registered aggregator and its load, as the rendezvous sees it."""
+
+    node_id: str = wire(1, _NODE_ID)
+    address: Address = wire(2, Nested(Address))
+    capacity: int = wire(3, UInt(minimum=1, maximum=1 << 20))
+    max_fan_in: int = wire(4, UInt(minimum=2, maximum=1024))
+    groups: int = wire(5, UInt(maximum=1 << 20))
+    connected: int = wire(6, _FLAG)
+    labels: tuple[str, ...] = wire(7, _LABELS)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordView(Struct):
+    """One entry of a node's flight recorder: an operation, or one chunk of it."""
+
+    group_id: bytes = wire(1, _GROUP_ID)
+    epoch: int = wire(2, _U64)
+    op_id: int = wire(3, _U64)
+    chunk_index: int | None = wire(4, _U64, optional=True)
+    kind: Collective = wire(5, Enum(Collective))
+    state: str = wire(6, _STATE)
+    elements: int = wire(7, UInt(maximum=MAX_TOTAL_ELEMENTS))
+    missing: bytes = wire(8, _RANK_BITMAP)
+    started_ms: int = wire(9, _U64)
+    updated_ms: int = wire(10, _U64)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StatusRequest(Message):
+    """Asks a node what it is doing; ``records`` is how many of its most recent
+    flight-recorder entries to include (0: none)."""
+
+    TYPE: ClassVar[MessageType] = MessageType.STATUS_REQUEST
+    records: int = wire(1, UInt(maximum=MAX_STATUS_ITEMS))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StatusReply(Message):
+    """A node's answer to StatusRequest: its groups, the aggregators it knows (a
+    rendezvous only) and its latest flight-recorder entries, oldest first."""
+
+    TYPE: ClassVar[MessageType] = MessageType.STATUS_REPLY
+    role: Role = wire(1, Enum(Role))
+    node_id: str = wire(2, _NODE_ID)
+    uptime_ms: int = wire(3, _U64)
+    groups: tuple[GroupView, ...] = wire(4, ListOf(Nested(GroupView), max_items=MAX_STATUS_ITEMS))
+    aggregators: tuple[AggregatorView, ...] = wire(
+        5, ListOf(Nested(AggregatorView), max_items=MAX_STATUS_ITEMS)
+    )
+    records: tuple[RecordView, ...] = wire(6, ListOf(Nested(RecordView), max_items=MAX_STATUS_ITEMS))
+    omitted: int = wire(7, _U64)
+    """Entries left out so that the reply fits the asker's max_message_size."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JoinRequest(Message):
     """An endpoint asks the rendezvous to join a group."""
@@ -559,6 +654,8 @@ MESSAGE_CLASSES: dict[MessageType, type[Message]] = {
         HelloAck,
         Error,
         Heartbeat,
+        StatusRequest,
+        StatusReply,
         JoinRequest,
         JoinAccept,
         JoinReject,

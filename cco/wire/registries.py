@@ -27,6 +27,8 @@ class MessageType(IntEnum):
     HELLO_ACK = 0x02
     ERROR = 0x03
     HEARTBEAT = 0x04
+    STATUS_REQUEST = 0x05
+    STATUS_REPLY = 0x06
     JOIN_REQUEST = 0x10
     JOIN_ACCEPT = 0x11
     JOIN_REJECT = 0x12

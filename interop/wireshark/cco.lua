@@ -25,6 +25,8 @@ local ENUMS = {
     [2] = "hello_ack",
     [3] = "error",
     [4] = "heartbeat",
+    [5] = "status_request",
+    [6] = "status_reply",
     [16] = "join_request",
     [17] = "join_accept",
     [18] = "join_reject",
@@ -132,6 +134,18 @@ local MESSAGES = {
   }},
   [4] = {name = "heartbeat", fields = {
       [1] = {name = "seq", value = {kind = "uint"}},
+  }},
+  [5] = {name = "status_request", fields = {
+      [1] = {name = "records", value = {kind = "uint"}},
+  }},
+  [6] = {name = "status_reply", fields = {
+      [1] = {name = "role", value = {kind = "enum", enum = "role"}},
+      [2] = {name = "node_id", value = {kind = "text"}},
+      [3] = {name = "uptime_ms", value = {kind = "uint"}},
+      [4] = {name = "groups", value = {kind = "list", item = {kind = "struct", struct = "group_view"}}},
+      [5] = {name = "aggregators", value = {kind = "list", item = {kind = "struct", struct = "aggregator_view"}}},
+      [6] = {name = "records", value = {kind = "list", item = {kind = "struct", struct = "record_view"}}},
+      [7] = {name = "omitted", value = {kind = "uint"}},
   }},
   [16] = {name = "join_request", fields = {
       [1] = {name = "group_id", value = {kind = "bytes"}},
@@ -296,6 +310,15 @@ local STRUCTS = {
     [1] = {name = "host", value = {kind = "text"}},
     [2] = {name = "port", value = {kind = "uint"}},
   },
+  aggregator_view = {
+    [1] = {name = "node_id", value = {kind = "text"}},
+    [2] = {name = "address", value = {kind = "struct", struct = "address"}},
+    [3] = {name = "capacity", value = {kind = "uint"}},
+    [4] = {name = "max_fan_in", value = {kind = "uint"}},
+    [5] = {name = "groups", value = {kind = "uint"}},
+    [6] = {name = "connected", value = {kind = "uint"}},
+    [7] = {name = "labels", value = {kind = "list", item = {kind = "text"}}},
+  },
   capabilities = {
     [1] = {name = "dtypes", value = {kind = "list", item = {kind = "enum", enum = "dtype"}}},
     [2] = {name = "ops", value = {kind = "list", item = {kind = "enum", enum = "reduce_op"}}},
@@ -313,10 +336,41 @@ local STRUCTS = {
     [6] = {name = "float_width", value = {kind = "uint"}},
     [7] = {name = "liveness_ms", value = {kind = "uint"}},
   },
+  group_view = {
+    [1] = {name = "group_id", value = {kind = "bytes"}},
+    [2] = {name = "epoch", value = {kind = "uint"}},
+    [3] = {name = "state", value = {kind = "text"}},
+    [4] = {name = "world_size", value = {kind = "uint"}},
+    [5] = {name = "members", value = {kind = "list", item = {kind = "struct", struct = "member_view"}}},
+    [6] = {name = "tree", value = {kind = "list", item = {kind = "struct", struct = "tree_node_view"}}},
+  },
+  member_view = {
+    [1] = {name = "rank", value = {kind = "uint"}},
+    [2] = {name = "node_id", value = {kind = "text"}},
+    [3] = {name = "state", value = {kind = "text"}},
+    [4] = {name = "connected", value = {kind = "uint"}},
+  },
   node_ref = {
     [1] = {name = "node_id", value = {kind = "text"}},
     [2] = {name = "address", value = {kind = "struct", struct = "address"}},
     [3] = {name = "ranks", value = {kind = "bitmap"}},
+  },
+  record_view = {
+    [1] = {name = "group_id", value = {kind = "bytes"}},
+    [2] = {name = "epoch", value = {kind = "uint"}},
+    [3] = {name = "op_id", value = {kind = "uint"}},
+    [4] = {name = "chunk_index", value = {kind = "uint"}},
+    [5] = {name = "kind", value = {kind = "enum", enum = "collective"}},
+    [6] = {name = "state", value = {kind = "text"}},
+    [7] = {name = "elements", value = {kind = "uint"}},
+    [8] = {name = "missing", value = {kind = "bitmap"}},
+    [9] = {name = "started_ms", value = {kind = "uint"}},
+    [10] = {name = "updated_ms", value = {kind = "uint"}},
+  },
+  tree_node_view = {
+    [1] = {name = "node_id", value = {kind = "text"}},
+    [2] = {name = "ranks", value = {kind = "bitmap"}},
+    [3] = {name = "parent", value = {kind = "text"}},
   },
 }
 -- END GENERATED

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -325,3 +326,47 @@ def test_the_default_store_is_per_node_id_port_and_ca(pki: Path, tmp_path: Path)
     state = tmp_path / "systemd-state"
     _first_lines_then_stop([*args, "--pki-dir", str(pki)], {"STATE_DIRECTORY": str(state)}, "listening")
     assert [p.name for p in state.glob("*.sqlite3")] == [stores[0].name]
+
+
+def test_an_aggregator_of_an_entirely_foreign_pki_stops_at_its_first_refusal(
+    pki: Path, foreign: Path, tmp_path: Path
+) -> None:
+    """Its own CA, certificate and key agree, so nothing is wrong at start; the rendezvous
+    (of another CA) refuses the handshake.  It used to retry forever; now the first
+    refusal is final: one line, exit status 3, which systemd does not restart."""
+    port = free_port()
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("CCO_")}
+    log = tmp_path / "rendezvous.log"
+    with open(log, "w") as handle:
+        command = [sys.executable, "-m", "cco", "--role", "rendezvous", "--node-id", "rendezvous"]
+        command += ["--pki-dir", str(pki), "--listen", f"127.0.0.1:{port}", "--store", ":memory:"]
+        rendezvous = subprocess.Popen(
+            command,
+            stderr=handle,
+            env=environ,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while "listening" not in log.read_text():
+            assert rendezvous.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        args = [
+            "--role",
+            "aggregator",
+            "--node-id",
+            "agg-0",
+            "--pki-dir",
+            str(foreign),
+            "--log-level",
+            "warning",
+        ]
+        args += ["--rendezvous", f"127.0.0.1:{port}", "--listen", f"127.0.0.1:{free_port()}"]
+        outcome = cco_node(*args)
+    finally:
+        rendezvous.terminate()
+        rendezvous.wait(20)
+    lines = outcome.stderr.splitlines()
+    assert outcome.status == 3 and len(lines) == 1, outcome.stderr
+    assert (
+        "do not trust each other" in lines[0] and "same group CA" in lines[0] and "Traceback" not in lines[0]
+    )

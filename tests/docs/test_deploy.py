@@ -3,6 +3,8 @@ are configurations ``cco-node`` accepts."""
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -50,3 +52,55 @@ def test_each_unit_passes_systemd_analyze_verify(unit: Path, tmp_path: Path) -> 
     )
     assert done.returncode == 0 and not done.stderr.strip(), done.stderr
     assert "ExecStart=/opt/cco/bin/cco-node" in unit.read_text()
+
+
+def _exported_names() -> set[str]:
+    """Every metric family a node can export (a rendezvous's, which has them all)."""
+    import asyncio
+
+    from prometheus_client import generate_latest
+
+    from cco.nodes.rendezvous import RendezvousMachine
+    from cco.services.metrics import NodeMetrics
+    from cco.services.runner import MachineRunner
+
+    async def scrape() -> str:
+        runner = MachineRunner(RendezvousMachine(), connector=lambda command: None)  # type: ignore[arg-type, return-value]
+        metrics = NodeMetrics(runner)
+        return (await asyncio.to_thread(generate_latest, metrics.registry)).decode()
+
+    text = asyncio.run(scrape())
+    return {_family(line.split()[2]) for line in text.splitlines() if line.startswith("# TYPE ")}
+
+
+def _family(name: str) -> str:
+    return re.sub(r"_(bucket|count|sum|total)$", "", name)
+
+
+def test_the_grafana_dashboard_queries_only_metrics_the_nodes_export() -> None:
+    dashboard = json.loads((DEPLOY / "grafana-dashboard.json").read_text())
+    expressions = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    used = {
+        re.sub(r"_(bucket|count|sum|total)$", "", name)
+        for e in expressions
+        for name in re.findall(r"cco_\w+", e)
+    }
+    exported = _exported_names()
+    assert used and used <= exported, used - exported
+    assert len({panel["id"] for panel in dashboard["panels"]}) == len(dashboard["panels"])
+    # the issue's list: collectives, bytes, latencies, retransmissions, verification, epochs,
+    # members, groups, join rejections, QUIC losses and RTT
+    assert {
+        "cco_collectives",
+        "cco_chunk_bytes",
+        "cco_chunk_seconds",
+        "cco_operation_seconds",
+        "cco_retransmit_requests",
+        "cco_verification_failures",
+        "cco_group_epoch",
+        "cco_group_members",
+        "cco_groups",
+        "cco_join_rejections",
+        "cco_quic_lost_packets",
+        "cco_quic_rtt_seconds",
+    } <= used

@@ -25,10 +25,15 @@ from cco.wire.fields import Struct
 from cco.wire.messages import (
     MESSAGE_CLASSES,
     Address,
+    AggregatorView,
     Capabilities,
     ChunkMessage,
     GroupParams,
+    GroupView,
+    MemberView,
     NodeRef,
+    RecordView,
+    TreeNodeView,
 )
 from cco.wire.registries import ALPN, Collective, DType, MessageType, ReduceOp, Role
 
@@ -181,6 +186,11 @@ STRUCTS: list[type[Struct]] = [
     Address,
     NodeRef,
     GroupParams,
+    MemberView,
+    TreeNodeView,
+    GroupView,
+    AggregatorView,
+    RecordView,
     *MESSAGE_CLASSES.values(),
 ]
 

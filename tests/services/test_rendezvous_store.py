@@ -30,7 +30,6 @@ from cco.services.store import (
     PersistentRendezvous,
     RendezvousStore,
     StoreError,
-    default_store_path,
 )
 from cco.transport import create_dev_pki
 from cco.transport.certs import CA_CERT_FILE, load_certificate
@@ -244,13 +243,6 @@ def test_a_store_in_use_by_another_process_is_refused(tmp_path: Path) -> None:
     store.close()
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
     assert out.stdout == "" and out.returncode == 0
-
-
-def test_the_default_path_follows_xdg_state_home(tmp_path: Path) -> None:
-    assert default_store_path("rv-1", {"XDG_STATE_HOME": str(tmp_path)}) == (
-        tmp_path / "cco" / "rendezvous-rv-1.sqlite3"
-    )
-    assert default_store_path("rv-1", {}) == Path.home() / ".local/state/cco/rendezvous-rv-1.sqlite3"
 
 
 def test_the_rendezvous_process_refuses_a_bad_store_in_one_line(tmp_path: Path) -> None:

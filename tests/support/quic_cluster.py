@@ -32,8 +32,9 @@ def run(coroutine_factory: Callable[[], Awaitable[T]], timeout: float = 60.0) ->
 class Cluster:
     """A rendezvous and aggregators in this event loop; endpoints join on demand."""
 
-    def __init__(self, pki: Path, aggregators: int, max_fan_in: int = 4) -> None:
+    def __init__(self, pki: Path, aggregators: int, max_fan_in: int = 4, params: GroupParams = FAST) -> None:
         self.pki = pki
+        self.params = params
         self.aggregators = aggregators
         self.max_fan_in = max_fan_in
         self.services: list[NodeService] = []
@@ -44,7 +45,7 @@ class Cluster:
         return TransportConfig.for_node(self.pki, node_id, max_datagram_size=16000)
 
     async def start(self) -> None:
-        machine = RendezvousMachine(RendezvousConfig(create_groups_on_join=True, params=FAST))
+        machine = RendezvousMachine(RendezvousConfig(create_groups_on_join=True, params=self.params))
         rendezvous = NodeService(machine, "rendezvous", Role.RENDEZVOUS, self.transport("rendezvous"))
         host, port = await rendezvous.listen("127.0.0.1", 0)
         self.rendezvous = f"{host}:{port}"

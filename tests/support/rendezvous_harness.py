@@ -20,6 +20,7 @@ from cco.nodes.events import (
     Input,
     MessageReceived,
     PeerConnected,
+    Report,
     SendMessage,
     TimerFired,
 )
@@ -67,6 +68,7 @@ class Harness:
     epochs_seen: dict[tuple[str, bytes], int] = field(default_factory=dict)
     last: dict[tuple[str, type[Message], bytes], Message] = field(default_factory=dict)
     log: list[Command] = field(default_factory=list)
+    reports: list[Report] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         counter = itertools.count(1)
@@ -83,7 +85,9 @@ class Harness:
     def feed(self, event: Input) -> list[Command]:
         if isinstance(event, PeerConnected) and event.peer not in self.roles:
             self.roles[event.peer] = event.role
-        cmds = self.rv.handle(event, self.now)
+        everything = self.rv.handle(event, self.now)
+        self.reports += [c for c in everything if isinstance(c, Report)]
+        cmds = [c for c in everything if not isinstance(c, Report)]  # reports are for the logs
         self._check(cmds)
         self.log.extend(cmds)
         return cmds
