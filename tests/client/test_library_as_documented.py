@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 import threading
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -133,8 +134,8 @@ def test_public_names_are_listed_and_typed() -> None:
     for name in ("GroupSpec", "BlockingCommunicator", "Communicator", "OperationError"):
         assert f"class {name}" in text
     assert importlib.resources.files("cco").joinpath("py.typed").is_file()
-    pyproject = (ROOT / "pyproject.toml").read_text()
-    assert re.search(r'\[tool\.setuptools\.package-data\]\ncco = \["py\.typed"\]', pyproject)
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "py.typed" in pyproject["tool"]["setuptools"]["package-data"]["cco"]
 
 
 # --- a group of two, in threads ------------------------------------------------------------
