@@ -38,7 +38,9 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "cco.interop",
                 "cco.localcluster",
                 "cco.standalone",
+                "cco.status_cli",
                 "cco.torch",
+                "cco.trace",
             }
         ),
     ),
@@ -46,7 +48,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
 """Lowest first.  A unit (a subpackage, or a top-level module) may import its own
 modules and the units of lower layers; of its own layer, only the applications may
 import each other (the CLI runs the demo and the node's main, the interop runner
-drives the CLI).  ``cco.torch`` is the integration to come; ``cco.logs`` sets up a
+drives the CLI; ``cco.status_cli`` and ``cco.trace`` are its status and trace-analyze
+commands).  ``cco.logs`` sets up a
 process's logging and imports nothing of the package."""
 
 PEERS_MAY_IMPORT = frozenset({"applications"})
