@@ -17,15 +17,14 @@ import pytest
 from aioquic.buffer import Buffer  # type: ignore[attr-defined]  # re-exported from _buffer
 from aioquic.quic import events
 from aioquic.quic.packet import pull_quic_header
+from transport_rig import CAPS
 
 from cco.transport.backend import ConnectionFactory, Diagnostics, QuicLink, connection_factory
-from cco.transport.certs import create_dev_pki
 from cco.transport.config import TransportConfig
 from cco.transport.connection import ACK_DELAY, ACK_EVERY
 from cco.transport.handshake import LocalIdentity
 from cco.transport.qh3conn import QH3_ACK_TIMER
-from cco.wire.messages import Capabilities
-from cco.wire.registries import Collective, DType, ReduceOp, Role
+from cco.wire.registries import Role
 
 pytestmark = pytest.mark.quic_backends()
 
@@ -33,22 +32,6 @@ SERVER_ADDR = ("127.0.0.1", 4433)
 CLIENT_ADDR = ("127.0.0.1", 5544)
 STREAM = 2  # the client's first unidirectional stream
 SERVER_STREAM = 3  # the server's
-CAPS = Capabilities(
-    dtypes=(DType.INT32,),
-    ops=(ReduceOp.SUM,),
-    collectives=(Collective.ALL_REDUCE,),
-    max_message_size=1 << 20,
-    max_chunk_elements=1 << 16,
-    extensions=(),
-)
-"""Only the certificate check of ``connection_factory`` reads the identity."""
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("pki")
-    create_dev_pki(directory, [("agg-1", Role.AGGREGATOR), ("ep-1", Role.ENDPOINT)])
-    return directory
 
 
 class Pair:

@@ -17,33 +17,17 @@ import pytest
 from aioquic.buffer import Buffer  # type: ignore[attr-defined]  # re-exported from _buffer
 from aioquic.quic import events
 from aioquic.quic.packet import pull_quic_header
+from transport_rig import CAPS
 
 from cco.transport.backend import ConnectionFactory, Diagnostics, QuicLink, connection_factory
-from cco.transport.certs import create_dev_pki
 from cco.transport.config import TransportConfig
 from cco.transport.handshake import LocalIdentity
-from cco.wire.messages import Capabilities
-from cco.wire.registries import Collective, DType, ReduceOp, Role
+from cco.wire.registries import Role
 
 SERVER_ADDR = ("127.0.0.1", 4433)
 CLIENT_ADDR = ("127.0.0.1", 5544)
 PROBE_TIMEOUT = 0.3
 """Seconds of simulated time before either side's first probe timeout can fire."""
-CAPS = Capabilities(
-    dtypes=(DType.INT32,),
-    ops=(ReduceOp.SUM,),
-    collectives=(Collective.ALL_REDUCE,),
-    max_message_size=1 << 20,
-    max_chunk_elements=1 << 16,
-    extensions=(),
-)
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("pki")
-    create_dev_pki(directory, [("agg-1", Role.AGGREGATOR), ("ep-1", Role.ENDPOINT)])
-    return directory
 
 
 def factory(pki: Path, node_id: str, role: Role, is_client: bool, backend: str) -> ConnectionFactory:

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
+from transport_rig import CAPS
 
 from cco.transport import LocalIdentity, PeerLink, TransportConfig, connect, serve
-from cco.transport.certs import create_dev_pki
 from cco.transport.link import LinkProtocol
 from cco.transport.udp import BatchedUdpTransport, SegmentedDatagramProtocol
 from cco.transport.unreachable import (
@@ -24,8 +24,8 @@ from cco.transport.unreachable import (
     enable_error_queue,
 )
 from cco.wire.errors import ErrorCode
-from cco.wire.messages import Capabilities, Heartbeat
-from cco.wire.registries import Collective, DType, ReduceOp, Role
+from cco.wire.messages import Heartbeat
+from cco.wire.registries import Role
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="IP_RECVERR is Linux's")
 
@@ -135,23 +135,6 @@ def test_the_transport_reports_closed_ports_and_keeps_sending_and_receiving() ->
             await asyncio.sleep(0)
 
     asyncio.run(scenario())
-
-
-CAPS = Capabilities(
-    dtypes=(DType.INT32,),
-    ops=(ReduceOp.SUM,),
-    collectives=(Collective.ALL_REDUCE,),
-    max_message_size=1 << 20,
-    max_chunk_elements=1 << 16,
-    extensions=(),
-)
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("pki")
-    create_dev_pki(directory, [("agg-1", Role.AGGREGATOR), ("ep-1", Role.ENDPOINT)])
-    return directory
 
 
 @linux_only
