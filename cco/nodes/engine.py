@@ -311,6 +311,14 @@ class OperationEngine:
         if message.epoch != (op.epoch if op.epoch is not None else self._membership.epoch):
             return []  # another epoch's traffic: the operation runs (again) in this one
         if isinstance(message, Abort):
+            gone = op.members - self._membership.members
+            if message.code in TREE_FAILURES and gone:
+                # kept through a Leave (fail_all's keep_sent) and the leaver had not sent:
+                # no later tree carries the ranks that left, so it cannot start again
+                detail = f"aborted by the tree after ranks {ranks_text(gone)} left: {message.detail}"
+                return self._finish_failed(
+                    op, OperationEvent.ABORTED, ErrorCode.PEER_LOST, detail, gone, tell_tree=False
+                )
             if message.code in TREE_FAILURES:
                 self._interrupt(op, f"aborted by the tree: {message.detail}", aborted_in=message.epoch)
                 return []

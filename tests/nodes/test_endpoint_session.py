@@ -51,6 +51,7 @@ from cco.wire import payload
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import bitmap_from_ranks
 from cco.wire.messages import (
+    Abort,
     Contribution,
     EpochChange,
     Error,
@@ -159,6 +160,26 @@ def test_a_rank_that_left_on_purpose_does_not_fail_an_operation_this_rank_sent_i
     (completed,) = [c for c in rig.from_parent(result_for(mine)) if isinstance(c, OperationCompleted)]
     assert completed.op_id == sent_in_full and completed.result is not None
     assert completed.result.tolist() == [0 + 1 + 2 + 3] * 4  # rank 0's contribution counted, exact
+
+
+@pytest.mark.parametrize("code", [ErrorCode.STALE_EPOCH, ErrorCode.PEER_LOST])
+def test_an_operation_kept_for_a_rank_that_left_fails_when_the_tree_aborts_it(code: ErrorCode) -> None:
+    """The rank that left had not sent: the aggregator aborts the old epoch's operation
+    (or refuses this rank's chunk as stale, if the epoch change reached it first).  The
+    operation cannot start again without the rank that left, so it fails naming it
+    instead of waiting for a tree that will never carry it."""
+    rig = joined()
+    op_id, out = rig.start(int_request([1, 1, 1, 1]))
+    (mine,) = sent(out, rig.parent, Contribution)
+    change = EpochChange(
+        group_id=GROUP, epoch=2, members=bitmap_from_ranks([1, 2, 3]), code=ErrorCode.NO_ERROR
+    )
+    assert failures(rig.rendezvous(change)) == []  # kept: rank 0 may have sent its copy
+    abort = Abort(group_id=GROUP, epoch=1, op_id=op_id, code=code, detail="epoch 1 is over")
+    (error,) = failures(rig.from_parent(abort))
+    assert error.op_id == op_id and error.code is ErrorCode.PEER_LOST
+    assert error.missing_ranks == frozenset({0}) and "ranks {0} left" in str(error)
+    assert mine.epoch == 1
 
 
 def test_a_rank_that_was_lost_fails_even_an_operation_sent_in_full() -> None:
