@@ -18,7 +18,8 @@ from functools import cache
 from typing import Any
 
 from cco.interop.rawcbor import RawValue, encode_raw
-from cco.interop.samples import Sample, samples
+from cco.interop.samples import samples
+from cco.interop.samples.common import Sample
 from cco.wire import cbor
 from cco.wire.cbor import DEFAULT_LIMITS, DecodeLimits
 from cco.wire.errors import ErrorCode
