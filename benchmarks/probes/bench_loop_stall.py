@@ -5,7 +5,7 @@ sent, and other forms encode every chunk once to refuse an unencodable value.  D
 on the event loop, that work stops every connection of the process, heartbeats
 included: on a loaded machine, long enough for the rendezvous to declare a rank
 lost.  The client does it on a worker thread for arrays of
-``cco.client.OFF_LOOP_ELEMENTS`` elements or more.
+``cco.client.communicator.OFF_LOOP_ELEMENTS`` elements or more.
 
 Measured here: a rendezvous, one aggregator and ``--ranks`` endpoints in this
 process's event loop, over real QUIC on loopback; a 1 ms ticker task records the
@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # the shared support modules
 from inprocess import group_in_process
 
-from cco import client
+from cco.client import communicator
 from cco.wire.messages import GroupParams
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_loop_stall.json"
@@ -39,7 +39,7 @@ PARAMS = GroupParams(chunk_elements=65536, window=8, heartbeat_interval_ms=1000,
 
 
 async def measure(ranks: int, mib: int, off_loop: bool) -> dict[str, float]:
-    client.OFF_LOOP_ELEMENTS = 1 << 20 if off_loop else 1 << 62
+    communicator.OFF_LOOP_ELEMENTS = 1 << 20 if off_loop else 1 << 62
     async with group_in_process(ranks, PARAMS, GROUP) as comms:
         data = np.random.default_rng(0).standard_normal(mib << 18).astype(np.float32)
         lags: list[float] = []

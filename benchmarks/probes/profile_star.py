@@ -98,7 +98,7 @@ CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
     ("QUIC (aioquic, Python)", ("aioquic/",)),
     ("CCO transport adapter (link, udp, qh3conn)", ("cco/transport/",)),
     ("aggregator / endpoint machines (cco.nodes)", ("cco/nodes/",)),
-    ("services and client", ("cco/services/", "cco/client.py", "cco/roles", "cco/workload")),
+    ("services and client", ("cco/services/", "cco/client/", "cco/roles", "cco/workload")),
     ("numpy (outside the above)", ("numpy",)),
     ("memory copies (memcpy, bytes)", ("memcpy", "memmove", "__memcpy", "__memmove")),
     ("asyncio event loop", ("asyncio/",)),

@@ -81,9 +81,9 @@ def _adapter(args: argparse.Namespace) -> int:
 
 
 def _live(args: argparse.Namespace) -> int:
-    from cco.interop import live
+    from cco.interop.live import runner
 
-    return live.main(args)
+    return runner.main(args)
 
 
 _VECTOR_DIR_HELP = (
@@ -149,9 +149,9 @@ def parser() -> argparse.ArgumentParser:
         description="Answer vector-mode requests on stdin, one JSON object per line, until stdin closes.",
     )
     ada.set_defaults(run=_adapter)
-    from cco.interop import live
+    from cco.interop.live import runner
 
-    live.add_parser(commands)
+    runner.add_parser(commands)
     return top
 
 

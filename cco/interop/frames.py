@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cco.interop.samples import det_bytes, group_id
+from cco.interop.samples.common import det_bytes, group_id
 from cco.wire.errors import ErrorCode
 from cco.wire.framing import DEFAULT_MAX_MESSAGE_SIZE, encode_varint
 from cco.wire.messages import Contribution, Heartbeat, Message, encode_message

@@ -39,7 +39,7 @@ from cco.nodes.events import (
 )
 from cco.services.recorder import DEFAULT_ENTRIES, Recorder
 from cco.services.reports import log_report
-from cco.transport.link import LinkClosed, PeerLink
+from cco.transport.peerlink import LinkClosed, PeerLink
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import ranks_from_bitmap
 from cco.wire.messages import EpochChange, Error, Message, StatusReply, StatusRequest, TreeAssignment

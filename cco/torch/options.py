@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from cco.client import NONFINITE_MODES, NonFinite
+from cco.client.arrays import NONFINITE_MODES, NonFinite
 from cco.config import resolve
 from cco.transport import TransportConfig, create_dev_pki
 from cco.transport.certs import CA_KEY_FILE, is_valid_node_id, node_paths

@@ -6,16 +6,18 @@ identities), :mod:`~cco.transport.handshake` (Hello/HelloAck rules, pure),
 authentication and bounded credit) or, with ``quic_backend="qh3"``,
 :mod:`~cco.transport.qh3conn` (qh3's native one, with aioquic's TLS), both behind
 :mod:`~cco.transport.backend`, :mod:`~cco.transport.link` (one connection's
-streams, framing and flow control over asyncio) and :mod:`~cco.transport.endpoint`
-(:func:`serve` and :func:`connect`).
+handshake, transmission and flow control over asyncio, on the streams of
+:mod:`~cco.transport.streams`), :mod:`~cco.transport.peerlink` (the open session
+the services hold) and :mod:`~cco.transport.endpoint` (:func:`serve` and
+:func:`connect`).
 """
 
 from cco.transport.certs import NodeIdentity, create_dev_pki, identity_from_certificate
 from cco.transport.config import TransportConfig
 from cco.transport.endpoint import Server, connect, serve
 from cco.transport.handshake import LocalIdentity
-from cco.transport.link import LinkClosed, PeerLink
 from cco.transport.pathstats import PathStats
+from cco.transport.peerlink import LinkClosed, PeerLink
 
 __all__ = [
     "LinkClosed",

@@ -36,7 +36,9 @@ from cco.transport.admission import RetryTokens
 from cco.transport.backend import ConnectionFactory, Diagnostics, connection_factory
 from cco.transport.config import MIN_DATAGRAM_SIZE, TransportConfig
 from cco.transport.handshake import LocalIdentity
-from cco.transport.link import LinkProtocol, PeerLink, UnfinishedFrames
+from cco.transport.link import LinkProtocol
+from cco.transport.peerlink import PeerLink
+from cco.transport.streams import UnfinishedFrames
 from cco.transport.udp import SegmentedDatagramProtocol, open_udp
 from cco.wire.errors import CcoError, ErrorCode
 

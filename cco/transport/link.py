@@ -1,23 +1,11 @@
-"""One authenticated CCO connection: streams, framing, handshake and flow control.
+"""One authenticated CCO connection over QUIC: handshake, transmission, flow control.
 
 :class:`LinkProtocol` is the asyncio adapter over one QUIC connection of either
-backend (:class:`~cco.transport.backend.QuicLink`);
-:class:`PeerLink` is the small object the service layer holds once the session is
-open.  The mapping onto QUIC (draft section "QUIC Mapping"):
-
-* The client's first bidirectional stream (id 0) is the **control stream**:
-  ``Hello`` / ``HelloAck`` first, then ``Error``, ``Heartbeat``, membership and
-  control messages in both directions.
-* **Data messages** (chunks, ``ChunkAck``, ``RetransmitRequest``, ``Abort``) travel
-  on unidirectional streams, one per (direction, group): opened on first use and
-  kept, so the messages of one group stay in order and a loss in one group never
-  stalls another.  Every message on a data stream carries the same ``group_id``.
-  (aioquic lets a peer open 128 unidirectional streams, qh3 103, and raises that
-  limit only as streams end, so one connection carries at most 128 (qh3: 103)
-  groups' data in each direction; the next group's data waits.)
-* Every message is a frame (:mod:`cco.wire.framing`); each stream has its own
-  :class:`FrameDecoder`, since QUIC keeps no message boundaries.
-* Connection close carries the :class:`ErrorCode` as the application error code.
+backend (:class:`~cco.transport.backend.QuicLink`): it carries CCO messages on the
+streams :mod:`cco.transport.streams` maps them to, opens the session with
+Hello/HelloAck, and hands the application a
+:class:`~cco.transport.peerlink.PeerLink` once it is open.  Connection close
+carries the :class:`ErrorCode` as the application error code.
 
 **Transmission.**  Writing only queues data in the QUIC connection.  All datagrams
 leave through :meth:`LinkProtocol.transmit`; our own writes and received datagrams
@@ -49,9 +37,9 @@ import enum
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Protocol, cast
+from typing import cast
 
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.quic import events
@@ -63,29 +51,22 @@ from cco.transport.backend import QuicLink
 from cco.transport.config import TransportConfig
 from cco.transport.handshake import LocalIdentity, Session, accept_hello_ack, build_hello, negotiate
 from cco.transport.pathstats import PathStats
+from cco.transport.peerlink import LinkClosed, Listener, PeerLink
+from cco.transport.streams import (
+    CONTROL_STREAM_ID,
+    DATA_MESSAGES,
+    InboundStream,
+    UnfinishedFrames,
+    is_control_stream,
+)
 from cco.transport.udp import BatchedUdpTransport, SegmentedDatagramProtocol
 from cco.transport.unreachable import CONFIRM_SPAN, UnreachableTracker, peer_key
 from cco.wire.errors import CcoError, DecodeError, ErrorCode
-from cco.wire.framing import FrameDecoder, encode_frame, frame_prefix
-from cco.wire.messages import (
-    Abort,
-    ChunkAck,
-    ChunkMessage,
-    Error,
-    Hello,
-    HelloAck,
-    Message,
-    RetransmitRequest,
-    decode_message,
-    encode_message,
-)
-from cco.wire.registries import ALPN, MessageType, Role
+from cco.wire.framing import encode_frame, frame_prefix
+from cco.wire.messages import Error, Hello, HelloAck, Message, decode_message, encode_message
+from cco.wire.registries import ALPN, MessageType
 
 logger = logging.getLogger(__name__)
-
-CONTROL_STREAM_ID = 0
-DATA_MESSAGES = (ChunkMessage, ChunkAck, RetransmitRequest, Abort)
-"""Message classes that travel on per-group data streams; all others use the control stream."""
 
 JOIN_BELOW = 16 * 1024
 """Messages of at most this many bytes are joined to their frame prefix before they
@@ -93,21 +74,6 @@ are queued (one write to QUIC instead of two; see :meth:`LinkProtocol.send_messa
 
 _MAX_DETAIL = 1024  # Error.detail limit (cco.wire.messages)
 _MAX_REASON = 256  # bytes of detail copied into CONNECTION_CLOSE
-
-
-class LinkClosed(CcoError):
-    """The link is closed; ``code`` and ``detail`` say why (as in ``wait_closed()``)."""
-
-
-class Listener(Protocol):
-    """Who takes a link's messages as they arrive (:meth:`PeerLink.listen`)."""
-
-    def deliver(self, item: Message | CcoError) -> None:
-        """One message, or the DecodeError of one that could not be decoded (with
-        ``close_on_decode_error`` off)."""
-
-    def closed(self, code: ErrorCode, detail: str) -> None:
-        """The link closed, after every message that arrived before the close."""
 
 
 def describe_termination(event: events.ConnectionTerminated) -> tuple[ErrorCode, str]:
@@ -145,30 +111,6 @@ class _Phase(enum.Enum):
     HELLO = enum.auto()  # TLS done, Hello / HelloAck pending
     OPEN = enum.auto()
     CLOSED = enum.auto()
-
-
-class _InboundStream:
-    """Receive state of one stream: its decoder, for data streams its group, and when
-    its unfinished frame last grew."""
-
-    __slots__ = ("decoder", "group_id", "is_control", "progress")
-
-    def __init__(self, max_message_size: int, is_control: bool) -> None:
-        self.decoder = FrameDecoder(max_message_size)
-        self.is_control = is_control
-        self.group_id: bytes | None = None
-        self.progress = 0.0
-
-
-class UnfinishedFrames:
-    """Bytes of frames received in part, held by all the connections of one node
-    (a server shares one among the links it accepts), and the node's bound on them."""
-
-    __slots__ = ("bytes", "limit")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.bytes = 0
 
 
 _last_encoded: tuple[Message, bytes] | None = None
@@ -213,7 +155,7 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         self._phase = _Phase.HANDSHAKE
         self._hello: Hello | None = None
         self._hello_timer: asyncio.TimerHandle | None = None
-        self._inbound: dict[int, _InboundStream] = {}
+        self._inbound: dict[int, InboundStream] = {}
         self._unfinished = 0  # bytes of frames received in part on this connection
         self._node_unfinished = unfinished or UnfinishedFrames(config.unfinished_bytes)
         self._frame_timer: asyncio.TimerHandle | None = None
@@ -652,7 +594,7 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
             else:
                 del self._inbound[stream_id]
 
-    def _account_unfinished(self, stream: _InboundStream, grown: int) -> None:
+    def _account_unfinished(self, stream: InboundStream, grown: int) -> None:
         """Count what a stream's unfinished frame grew (or shrank) by; fail the
         connection past its own or the node's bound on unfinished frames."""
         self._unfinished += grown
@@ -708,27 +650,18 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
             self._frame_timer.cancel()
             self._frame_timer = None
 
-    def _accept_stream(self, stream_id: int) -> _InboundStream | None:
-        """Receive state for a stream the peer started using, or None after failing.
-
-        Stream id bits (RFC 9000, section 2.1): 0x1 is set on server-initiated
-        streams, 0x2 on unidirectional ones.
-        """
-        peer_initiated = bool(stream_id & 0x1) == self._is_client
-        if stream_id == CONTROL_STREAM_ID:
-            is_control = True
-        elif peer_initiated and stream_id & 0x2:
-            is_control = False
-        else:
-            self.fail(
-                ErrorCode.PROTOCOL_VIOLATION, f"stream {stream_id} is neither the control nor a data stream"
-            )
+    def _accept_stream(self, stream_id: int) -> InboundStream | None:
+        """Receive state for a stream the peer started using, or None after failing."""
+        try:
+            is_control = is_control_stream(stream_id, self._is_client)
+        except CcoError as exc:
+            self.fail(exc.code, exc.detail)
             return None
-        stream = _InboundStream(self._config.max_message_size, is_control)
+        stream = InboundStream(self._config.max_message_size, is_control)
         self._inbound[stream_id] = stream
         return stream
 
-    def _on_frame(self, stream: _InboundStream, frame: bytes) -> bool:
+    def _on_frame(self, stream: InboundStream, frame: bytes) -> bool:
         """Handle one complete frame; False once the connection has been failed."""
         try:
             message = decode_message(frame)
@@ -761,7 +694,7 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         else:
             self._enqueue(message, size)
 
-    def _on_data_message(self, stream: _InboundStream, message: Message, size: int) -> None:
+    def _on_data_message(self, stream: InboundStream, message: Message, size: int) -> None:
         if not isinstance(message, DATA_MESSAGES):
             self.fail(ErrorCode.PROTOCOL_VIOLATION, f"{type(message).__name__} on a data stream")
             return
@@ -815,103 +748,3 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
             self._hello_timer.cancel()
         self._send_limit = min(self._config.max_message_size, session.capabilities.max_message_size)
         self.opened.set_result(PeerLink(self, session))
-
-
-class PeerLink:
-    """One open, authenticated CCO session with a peer.
-
-    ``node_id`` and ``role`` come from the peer's certificate (Hello/HelloAck had to
-    agree with it); ``capabilities`` are the peer's as it declared them, and
-    ``extensions`` the extension ids both sides support.
-    """
-
-    def __init__(self, protocol: LinkProtocol, session: Session) -> None:
-        self._protocol = protocol
-        self.node_id: str = session.node_id
-        self.role: Role = session.role
-        self.version = session.version
-        self.capabilities = session.capabilities
-        self.extensions = session.extensions
-
-    def __repr__(self) -> str:
-        return f"PeerLink({self.node_id!r}, {self.role.name.lower()}, v{self.version})"
-
-    def send(self, message: Message) -> None:
-        """Queue ``message`` (on the control stream, or its group's data stream).
-
-        Raises :class:`~cco.wire.errors.EncodeError` for a message that cannot be
-        encoded or exceeds the peer's ``max_message_size``, :class:`LinkClosed` once
-        the link is closed.  Never blocks: pair bursts with :meth:`drain`.
-        """
-        self._protocol.send_message(message)
-
-    def flush(self) -> None:
-        """Hand what :meth:`send` queued to the socket now rather than at the event
-        loop's next turn, which may first read and decrypt a whole batch of datagrams.
-        Sending several messages and then flushing once keeps them in one transmit."""
-        self._protocol.flush()
-
-    def path_stats(self) -> PathStats:
-        """The path as QUIC measures it now: round trip, congestion window, bytes in
-        flight, and the rate they allow.  What a sender sizes its chunks and window
-        by, rather than by fixed settings; cheap enough to read per chunk."""
-        return self._protocol.path_stats()
-
-    async def drain(self) -> None:
-        """Wait until at most ``send_buffer`` bytes are queued but unsent."""
-        await self._protocol.drain()
-
-    async def receive(self) -> Message:
-        """The next message from the peer, in arrival order (per group: send order).
-
-        Raises :class:`LinkClosed` once the link is closed and every message that
-        arrived before the close has been read.  With ``close_on_decode_error``
-        off, an undecodable message is raised here as its ``DecodeError``.
-
-        Keep reading: once more than ``receive_buffer`` bytes wait here, the peer
-        may send nothing more on this connection, control messages included.
-        """
-        return await self._protocol.receive()
-
-    def listen(self, listener: Listener) -> None:
-        """Have every message handed to ``listener`` in the event-loop callback that
-        decoded it, then the close; :meth:`receive` must not be used afterwards.
-        What ``listener`` does there runs before the rest of the datagrams read in
-        the same batch are decoded, and should not block."""
-        self._protocol.listen(listener)
-
-    def __aiter__(self) -> AsyncIterator[Message]:
-        return self._messages()
-
-    async def _messages(self) -> AsyncIterator[Message]:
-        """Messages until the link closes: normally (NO_ERROR) ends the loop, else raises."""
-        while True:
-            try:
-                yield await self._protocol.receive()
-            except LinkClosed as closed:
-                if closed.code is ErrorCode.NO_ERROR:
-                    return
-                raise
-
-    @property
-    def close_reason(self) -> tuple[ErrorCode, str] | None:
-        """Why the link closed, or None while it is open."""
-        return self._protocol.close_reason
-
-    def close(self, code: ErrorCode = ErrorCode.NO_ERROR, detail: str = "") -> None:
-        """Close the connection, telling the peer ``code`` and ``detail``."""
-        self._protocol.fail(code, detail)
-
-    async def wait_closed(self) -> tuple[ErrorCode, str]:
-        """Wait until the connection has terminated; return why it closed."""
-        return await self._protocol.wait_terminated()
-
-    @property
-    def terminated(self) -> bool:
-        """Whether the QUIC connection has fully terminated (a closing one may still
-        be sending what was queued before its CONNECTION_CLOSE)."""
-        return self._protocol.terminated
-
-    def add_termination_callback(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` once the QUIC connection has fully terminated."""
-        self._protocol.add_termination_callback(callback)

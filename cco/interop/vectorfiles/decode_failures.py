@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from cco.interop.failures import Failure, base_bytes, failures
+from cco.interop.failures import failures
+from cco.interop.failures.mutation import Failure, base_bytes
 from cco.interop.jsonform import from_hex, limits_from_json, limits_to_json
 from cco.interop.vectorfiles.common import Vector, checked, run
 from cco.wire.errors import CcoError, DecodeError, ErrorCode

@@ -9,7 +9,8 @@ own encoding, the frame.
 from __future__ import annotations
 
 from cco.interop.jsonform import JsonFormError, from_hex, message_from_json, message_to_json
-from cco.interop.samples import Sample, samples
+from cco.interop.samples import samples
+from cco.interop.samples.common import Sample
 from cco.interop.vectorfiles.common import Vector, checked, run
 from cco.wire import cbor
 from cco.wire.errors import CcoError
