@@ -18,7 +18,14 @@ from quic_cluster import Cluster, run
 from cco.client import Communicator, FallbackAggregator, GroupSpec
 from cco.nodes.aggregator import AggregatorMachine
 from cco.transport import create_dev_pki
+from cco.wire.messages import GroupParams
 from cco.wire.registries import Role
+
+RELAXED = GroupParams(chunk_elements=1024, window=4, heartbeat_interval_ms=2000, operation_timeout_ms=60_000)
+"""Heartbeats 2 s apart: the whole cluster (rendezvous, aggregators, three endpoints and
+their fallback aggregators) shares this test's one event loop, and on a busy machine
+0.6 s of silence (three 200 ms intervals) lost the fallback aggregators one by one.
+Every loss this test makes is a closed connection, told at once."""
 
 GROUP = bytes.fromhex("fb" * 16)
 WORLD = 3
@@ -36,7 +43,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_a_group_runs_on_its_end_hosts_when_no_aggregator_can_and_moves_back(pki: Path) -> None:
     async def scenario() -> None:
-        cluster = Cluster(pki, aggregators=1)
+        cluster = Cluster(pki, aggregators=1, params=RELAXED)
         await cluster.start()
         try:
             spec = GroupSpec(
