@@ -747,6 +747,8 @@ _BOUNDS = (
     _Bound("node-id-empty", "aggregator-accept", "node_id", "below"),
     _Bound("node-id-long", "aggregator-accept", "node_id", "above"),
     _Bound("node-id-long-utf8", "aggregator-accept", "node_id", "utf8"),
+    _Bound("report-parent-empty", "report", "parent", "below"),
+    _Bound("report-detail-long", "report", "detail", "above"),
     _Bound("detail-long", "error-without-type", "detail", "above"),
     _Bound("label-empty", "join-request-any-rank", "labels[0]", "below"),
     _Bound("versions-empty", "hello-endpoint", "versions", "below"),
@@ -929,6 +931,22 @@ def _enum_failures() -> list[Failure]:
             12,
         ),
         f("error-code-negative", "leave", "code is -1.", "set code (key 3) to -1", (3,), -1),
+        f(
+            "report-code-not-verification",
+            "report",
+            "code is 0x31 (PEER_LOST), a registered code that a Report does not carry.",
+            "set code (key 4) to 49",
+            (4,),
+            49,
+        ),
+        f(
+            "report-code-unassigned",
+            "report",
+            "code is 12, unassigned in the error registry.",
+            "set code (key 4) to 12",
+            (4,),
+            12,
+        ),
     ]
 
 

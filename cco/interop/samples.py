@@ -50,6 +50,7 @@ from cco.wire.messages import (
     NodeRef,
     PartialAggregate,
     RecordView,
+    Report,
     Result,
     RetransmitRequest,
     StatusReply,
@@ -462,6 +463,32 @@ def _membership_samples() -> list[Sample]:
             "leave-max-rank",
             "The rendezvous removes rank 2^16-1 after it stopped responding.",
             Leave(group_id=group_id("large"), rank=MAX_WORLD_SIZE - 1, code=ErrorCode.PEER_LOST),
+        ),
+        Sample(
+            "report",
+            "An endpoint reports that the Result of operation 12 in epoch 3, delivered by agg-7, "
+            "failed verification.",
+            Report(
+                group_id=group_id("training"),
+                epoch=3,
+                op_id=12,
+                code=ErrorCode.VERIFICATION_FAILED,
+                parent="agg-7",
+                detail="chunk 0: the tag does not verify",
+            ),
+        ),
+        Sample(
+            "report-bounds",
+            "A Report at the largest epoch and op_id, with the longest parent node_id (255 bytes "
+            "of UTF-8) and an empty detail.",
+            Report(
+                group_id=group_id("large"),
+                epoch=U64_MAX,
+                op_id=U64_MAX,
+                code=ErrorCode.VERIFICATION_FAILED,
+                parent=NODE_ID_MAX,
+                detail="",
+            ),
         ),
         Sample(
             "aggregator-register",
