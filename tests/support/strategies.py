@@ -94,7 +94,8 @@ def struct_strategy(cls: type[Struct]) -> st.SearchStrategy[Any]:
     """Instances of ``cls`` whose fields and cross-field rules are all valid."""
     fields: dict[str, st.SearchStrategy[Any]] = {}
     for name, spec in cls.wire_fields():
-        strategy = _NARROWED.get((cls, name)) or field_strategy(spec.kind)
+        narrowed = _NARROWED.get((cls, name))
+        strategy = field_strategy(spec.kind) if narrowed is None else narrowed
         fields[name] = st.none() | strategy if spec.optional else strategy
     return st.builds(cls, **fields).filter(_is_valid)
 
