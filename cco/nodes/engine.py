@@ -10,6 +10,14 @@ outstanding chunks, and what happens to each chunk that comes back.
   against the ranks that must have contributed and against this rank's own
   contribution, then decoded straight into the result and remembered by a digest;
   an operation completes once every chunk is verified.
+* A chunk that fails verification fails its operation with VERIFICATION_FAILED, and
+  the rendezvous hears of it in a Report naming the parent that delivered it (one
+  per failed operation): it moves the group to a tree without that path, in a new
+  epoch.  Until that epoch comes no chunk leaves into the reported tree, so a caller
+  that simply calls again gets its result from the new tree.  The other ranks fail
+  the operations whose data went through the reported tree when they learn of the
+  new epoch, if they did not find the tampering themselves: the same operations
+  fail on every rank, and every caller calls again alike.
 * A tree that fails (a re-planned epoch, a lost parent, an Abort saying so)
   interrupts operations instead of failing them: they start again from this rank's
   input in the next tree, within their deadline.  A chunk whose result is half a
@@ -42,6 +50,7 @@ from cco.nodes.parent import ParentLink
 from cco.nodes.passes import PresencePass, ScalePass
 from cco.nodes.planning import Prepared
 from cco.nodes.replies import ranks_text
+from cco.nodes.session import RendezvousSession
 from cco.wire import payload
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap
@@ -50,6 +59,7 @@ from cco.wire.messages import (
     BroadcastData,
     ChunkMessage,
     Contribution,
+    Report,
     Result,
     RetransmitRequest,
     clip_detail,
@@ -66,12 +76,22 @@ _WHOLE_GROUP = (Collective.ALL_GATHER, Collective.REDUCE_SCATTER)  # need every 
 class OperationEngine:
     """Every wire operation of one membership in flight, in call order."""
 
-    def __init__(self, config: EndpointConfig, membership: Membership, parent: ParentLink) -> None:
+    def __init__(
+        self,
+        config: EndpointConfig,
+        membership: Membership,
+        parent: ParentLink,
+        rendezvous: RendezvousSession,
+    ) -> None:
         self._early_limit = config.early_limit
         self._membership = membership
         self._parent = parent
+        self._rendezvous = rendezvous
         self.ready = False
         """Whether chunks may leave: the session is READY (its parent connected, its tree current)."""
+        self.reported_epoch: int | None = None
+        """The last epoch whose tree this rank reported for data that failed verification:
+        no chunk leaves into it."""
         self.next_op_id = 0
         self.outstanding = 0
         """Chunks sent whose result has not come back, across all operations."""
@@ -201,7 +221,7 @@ class OperationEngine:
     def pump(self, now: float) -> list[Command]:
         """Send chunks, oldest operation first, while the window has room."""
         parent = self._parent.peer
-        if not self.ready or parent is None:
+        if not self.ready or parent is None or self._in_reported_tree():
             return []
         window = self._membership.params.window
         out: list[Command] = []
@@ -343,7 +363,10 @@ class OperationEngine:
             values = self._verify(op, message)
         except CcoError as error:
             detail = f"chunk {index}: {error.detail}"
-            return self._finish_failed(op, OperationEvent.BAD_CHUNK, error.code, detail, None, tell_tree=True)
+            out = self._finish_failed(op, OperationEvent.BAD_CHUNK, error.code, detail, None, tell_tree=True)
+            if error.code is ErrorCode.VERIFICATION_FAILED and out:
+                out += self._report(op, message.epoch, detail)
+            return out
         op.epoch = message.epoch
         op.verified[index] = digest(message)
         del op.headers[index]  # built by _check_header, if not already by _seal
@@ -440,6 +463,29 @@ class OperationEngine:
         if isinstance(op, DataOperation):
             self._end_passes(op)  # a presence pass run again may still wait: it decides nothing
         return [OperationCompleted(op.op_id, result, op.listed)]
+
+    def _report(self, op: WireOperation, epoch: int, detail: str) -> list[Command]:
+        """Tell the rendezvous that the tree of ``epoch`` delivered data that failed
+        verification, naming the parent that delivered it, and send nothing more into
+        that tree.  A rank detached from the rendezvous cannot tell it, and so keeps
+        sending: it holds nothing back for an epoch change that may never come."""
+        rendezvous, parent = self._rendezvous.peer, self._parent.node_id
+        if rendezvous is None or not self._rendezvous.accepted or parent is None:
+            return []
+        membership = self._membership
+        self.reported_epoch = epoch
+        report = Report(
+            group_id=membership.group_id,
+            epoch=epoch,
+            op_id=op.op_id,
+            code=ErrorCode.VERIFICATION_FAILED,
+            parent=parent,
+            detail=clip_detail(f"rank {membership.rank}: {detail}"),
+        )
+        return [SendMessage(rendezvous, report)]
+
+    def _in_reported_tree(self) -> bool:
+        return self.reported_epoch is not None and self.reported_epoch == self._membership.epoch
 
     # --- ending ---------------------------------------------------------------
 
@@ -548,6 +594,19 @@ class OperationEngine:
         self._early.clear()
         return out
 
+    def fail_reported(self, why: str) -> list[Command]:
+        """The group left a tree that a rank reported for data that failed verification.
+        An operation whose data went through that tree (it sent or received a chunk
+        there) fails with VERIFICATION_FAILED, as it did at the rank that checked it,
+        so that every rank fails it and every caller can call again alike; one that
+        sent nothing there yet starts in the new tree (:meth:`interrupt_all`)."""
+        out: list[Command] = []
+        for op in list(self._ops.values()):
+            if op.epoch is not None and op.interrupted is None:
+                event, code = OperationEvent.LOST, ErrorCode.VERIFICATION_FAILED
+                out += self._finish_failed(op, event, code, why, None, tell_tree=False)
+        return out
+
     def interrupt_all(self, why: str) -> None:
         for op in list(self._ops.values()):
             self._interrupt(op, why)
@@ -611,12 +670,14 @@ class OperationEngine:
             # ask again by sending the chunk again (an aggregator answers a copy of a
             # completed chunk with its Result), and again every half timeout after.
             overdue = {i for i, sent in op.outstanding.items() if sent + op.timeout / 2 <= now}
-            if overdue:
+            if overdue and not self._in_reported_tree():
                 out += self._resend(op, overdue, now)
         for op in [op for op in self._ops.values() if _call(op).deadline <= now]:
             detail = f"no verified result for chunks {op.missing_chunks()} after {op.timeout:g}s"
             if op.interrupted is not None:
                 detail += f" (waiting for a new tree since: {op.interrupted})"
+            elif self._in_reported_tree():
+                detail += f" (held back: this rank reported the tree of epoch {self.reported_epoch})"
             out += self._finish_failed(
                 op, OperationEvent.DEADLINE, ErrorCode.TIMEOUT, detail, None, tell_tree=True
             )

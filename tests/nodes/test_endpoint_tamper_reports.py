@@ -1,0 +1,122 @@
+"""An endpoint whose parent delivers data that fails verification (draft sections
+"Homomorphic Authentication" and "Reports of Tampering"): the operation fails with
+VERIFICATION_FAILED, the rendezvous gets one Report naming that parent, no chunk
+leaves into the reported tree, and a caller that calls again gets the exact result
+from the tree of the next epoch."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from endpoint_rig import GROUP, PARENT2, RANK, WORLD, failures, int_request, joined, result_for, sent, tree
+
+from cco.nodes.events import ConnectTo, OperationCompleted, PeerConnected, PeerDisconnected
+from cco.wire.errors import ErrorCode
+from cco.wire.fields import bitmap_from_ranks
+from cco.wire.messages import Abort, ChunkMessage, Contribution, EpochChange, Report
+from cco.wire.registries import Role
+
+
+def _tampered(good: ChunkMessage) -> ChunkMessage:
+    return dataclasses.replace(good, payload=bytes([good.payload[0] ^ 1]) + good.payload[1:])
+
+
+def test_a_tampered_result_is_reported_once_with_the_parent_that_delivered_it() -> None:
+    rig = joined()
+    op_id, out = rig.start(int_request(list(range(8))))  # two chunks, both sent (window 2)
+    first, second = sent(out, rig.parent, Contribution)
+    out = rig.from_parent(_tampered(result_for(first)))
+    (error,) = failures(out)
+    assert error.code is ErrorCode.VERIFICATION_FAILED and error.op_id == op_id
+    (report,) = sent(out, "rv", Report)
+    assert report == Report(
+        group_id=GROUP,
+        epoch=1,
+        op_id=op_id,
+        code=ErrorCode.VERIFICATION_FAILED,
+        parent="leaf",
+        detail=report.detail,
+    )
+    assert report.detail.startswith(f"rank {RANK}: chunk 0: ")
+    assert sent(out, rig.parent, Abort), "the tree is told too, as before"
+    # the operation has ended: its other chunk, tampered or not, reports nothing more
+    assert not sent(rig.from_parent(_tampered(result_for(second))), "rv", Report)
+
+
+def test_calling_again_waits_for_the_next_tree_and_gets_the_exact_result() -> None:
+    rig = joined()
+    _, out = rig.start(int_request([5, 6, 7, 8]))
+    (mine,) = sent(out, rig.parent, Contribution)
+    rig.from_parent(_tampered(result_for(mine)))
+    old_parent = rig.parent
+    op_id, out = rig.start(int_request([5, 6, 7, 8]))
+    assert not sent(out), "nothing leaves into the reported tree"
+    assert not sent(rig.timer(0.9)), "not even a chunk sent again"
+    change = EpochChange(
+        group_id=GROUP, epoch=2, members=bitmap_from_ranks(range(WORLD)), code=ErrorCode.VERIFICATION_FAILED
+    )
+    assert not sent(rig.rendezvous(change))
+    dial = rig.rendezvous(tree(epoch=2, parent=PARENT2))
+    (connect,) = [c for c in dial if isinstance(c, ConnectTo)]
+    assert connect.peer != old_parent and connect.expected_node_id == "leaf2"
+    rig.parent = connect.peer
+    out = rig.feed(PeerConnected(connect.peer, "leaf2", Role.AGGREGATOR))
+    (again,) = sent(out, rig.parent, Contribution)
+    assert again.epoch == 2 and again.op_id == op_id
+    done = rig.from_parent(result_for(again, lambda rank, i: 10 * rank))
+    (completed,) = [c for c in done if isinstance(c, OperationCompleted)]
+    assert completed.op_id == op_id and completed.result is not None
+    mine_values = np.array([5, 6, 7, 8], dtype=np.int32)
+    others = sum(10 * r for r in range(WORLD) if r != RANK)
+    assert np.array_equal(completed.result, mine_values + others)
+
+
+def test_without_the_rendezvous_nothing_is_reported_and_nothing_held_back() -> None:
+    rig = joined()
+    _, out = rig.start(int_request([1, 2, 3, 4]))
+    (mine,) = sent(out, rig.parent, Contribution)
+    rig.feed(PeerDisconnected("rv", ErrorCode.PEER_LOST))
+    out = rig.from_parent(_tampered(result_for(mine)))
+    assert [e.code for e in failures(out)] == [ErrorCode.VERIFICATION_FAILED]
+    assert not sent(out, "rv")
+    _, out = rig.start(int_request([1]))
+    assert len(sent(out, rig.parent, Contribution)) == 1, "no epoch change can be awaited"
+
+
+def test_a_verification_failure_announced_by_an_abort_is_not_reported() -> None:
+    """Only data this rank verified itself is evidence: an Abort is the claim of
+    whoever sent it."""
+    rig = joined()
+    op_id, out = rig.start(int_request([1, 2, 3, 4]))
+    abort = Abort(
+        group_id=GROUP, epoch=1, op_id=op_id, code=ErrorCode.VERIFICATION_FAILED, detail="rank 0: ..."
+    )
+    out = rig.from_parent(abort)
+    assert [e.code for e in failures(out)] == [ErrorCode.VERIFICATION_FAILED]
+    assert not sent(out, "rv", Report)
+    _, out = rig.start(int_request([1]))
+    assert len(sent(out, rig.parent, Contribution)) == 1
+
+
+def test_another_ranks_report_fails_what_went_through_the_tree_and_restarts_the_rest() -> None:
+    """The same operations fail on every rank: here another rank found the tampering,
+    and this one learns of it from the epoch change before its own Result came."""
+    rig = joined()
+    sent_op, out = rig.start(int_request([1, 2, 3, 4, 5, 6, 7, 8]))  # two chunks fill the window
+    assert len(sent(out, rig.parent, Contribution)) == 2
+    queued_op, out = rig.start(int_request([9]))
+    assert not sent(out), "behind a full window"
+    change = EpochChange(
+        group_id=GROUP, epoch=2, members=bitmap_from_ranks(range(WORLD)), code=ErrorCode.VERIFICATION_FAILED
+    )
+    out = rig.rendezvous(change)
+    (error,) = failures(out)
+    assert error.op_id == sent_op and error.code is ErrorCode.VERIFICATION_FAILED
+    assert "call again" in str(error)
+    assert not sent(out, "rv", Report), "only what this rank checked itself is reported"
+    dial = rig.rendezvous(tree(epoch=2, parent=PARENT2))
+    (connect,) = [c for c in dial if isinstance(c, ConnectTo)]
+    rig.parent = connect.peer
+    (again,) = sent(rig.feed(PeerConnected(connect.peer, "leaf2", Role.AGGREGATOR)), rig.parent, Contribution)
+    assert (again.op_id, again.epoch) == (queued_op, 2)
