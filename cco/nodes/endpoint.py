@@ -81,7 +81,7 @@ from cco.wire.messages import (
     TreeAssignment,
     clip_detail,
 )
-from cco.wire.registries import Role
+from cco.wire.registries import MessageType, Role
 
 
 @dataclass(slots=True)
@@ -401,6 +401,8 @@ class EndpointMachine:
             event: SessionEvent | None = self._classify_tree(message)
         elif isinstance(message, Error):
             event = SessionEvent.ERROR_RENDEZVOUS
+            if message.message_type == MessageType.REPORT and joined is not None:
+                joined.engine.report_refused()
         else:
             event = FROM_RENDEZVOUS.get(type(message))
         if isinstance(message, JoinAccept | JoinReject | TreeAssignment | EpochChange) and (

@@ -43,7 +43,7 @@ from cco.nodes.calls import TREE_FAILURES, EndpointConfig, OperationError
 from cco.nodes.data_operation import DataOperation
 from cco.nodes.deadlines import earlier
 from cco.nodes.endpoint_states import OPERATION_TABLE, OperationAction, OperationEvent, OperationState
-from cco.nodes.events import Command, OperationCompleted, OperationFailed, SendMessage
+from cco.nodes.events import Command, OperationCompleted, OperationFailed, PeerId, SendMessage
 from cco.nodes.membership import Membership
 from cco.nodes.operation import WireOperation, digest
 from cco.nodes.parent import ParentLink
@@ -89,9 +89,11 @@ class OperationEngine:
         self._rendezvous = rendezvous
         self.ready = False
         """Whether chunks may leave: the session is READY (its parent connected, its tree current)."""
-        self.reported_epoch: int | None = None
-        """The last epoch whose tree this rank reported for data that failed verification:
-        no chunk leaves into it."""
+        self._reported: tuple[int, PeerId] | None = None
+        """The last epoch whose tree this rank reported for data that failed verification,
+        and the rendezvous connection told: no chunk leaves into that tree while that
+        connection lasts, unless the rendezvous refused the Report (then no new epoch
+        is coming from it)."""
         self.next_op_id = 0
         self.outstanding = 0
         """Chunks sent whose result has not come back, across all operations."""
@@ -473,7 +475,7 @@ class OperationEngine:
         if rendezvous is None or not self._rendezvous.accepted or parent is None:
             return []
         membership = self._membership
-        self.reported_epoch = epoch
+        self._reported = (epoch, rendezvous)
         report = Report(
             group_id=membership.group_id,
             epoch=epoch,
@@ -484,8 +486,12 @@ class OperationEngine:
         )
         return [SendMessage(rendezvous, report)]
 
+    def report_refused(self) -> None:
+        """The rendezvous answered this rank's Report with an Error: chunks may leave again."""
+        self._reported = None
+
     def _in_reported_tree(self) -> bool:
-        return self.reported_epoch is not None and self.reported_epoch == self._membership.epoch
+        return self._reported == (self._membership.epoch, self._rendezvous.peer)
 
     # --- ending ---------------------------------------------------------------
 
@@ -677,7 +683,7 @@ class OperationEngine:
             if op.interrupted is not None:
                 detail += f" (waiting for a new tree since: {op.interrupted})"
             elif self._in_reported_tree():
-                detail += f" (held back: this rank reported the tree of epoch {self.reported_epoch})"
+                detail += f" (held back: this rank reported the tree of epoch {self._membership.epoch})"
             out += self._finish_failed(
                 op, OperationEvent.DEADLINE, ErrorCode.TIMEOUT, detail, None, tell_tree=True
             )

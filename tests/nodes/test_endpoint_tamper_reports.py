@@ -14,7 +14,7 @@ from endpoint_rig import GROUP, PARENT2, RANK, WORLD, failures, int_request, joi
 from cco.nodes.events import ConnectTo, OperationCompleted, PeerConnected, PeerDisconnected
 from cco.wire.errors import ErrorCode
 from cco.wire.fields import bitmap_from_ranks
-from cco.wire.messages import Abort, ChunkMessage, Contribution, EpochChange, Report
+from cco.wire.messages import Abort, ChunkMessage, Contribution, EpochChange, Error, Report
 from cco.wire.registries import Role
 
 
@@ -120,3 +120,22 @@ def test_another_ranks_report_fails_what_went_through_the_tree_and_restarts_the_
     rig.parent = connect.peer
     (again,) = sent(rig.feed(PeerConnected(connect.peer, "leaf2", Role.AGGREGATOR)), rig.parent, Contribution)
     assert (again.op_id, again.epoch) == (queued_op, 2)
+
+
+def test_a_refused_report_or_a_new_rendezvous_connection_lets_chunks_leave_again() -> None:
+    """No new epoch comes from a Report the rendezvous refused, or from one told to a
+    connection that is gone: the rank does not wait for one."""
+    for ending in ("refused", "reconnected"):
+        rig = joined()
+        _, out = rig.start(int_request([1, 2, 3, 4]))
+        (mine,) = sent(out, rig.parent, Contribution)
+        assert len(sent(rig.from_parent(_tampered(result_for(mine))), "rv", Report)) == 1
+        _, out = rig.start(int_request([1]))
+        assert not sent(out, rig.parent), "held back while the Report may take effect"
+        if ending == "refused":
+            refusal = Error(code=ErrorCode.STALE_EPOCH, detail="epoch 1 has no tree", message_type=0x18)
+            rig.rendezvous(refusal)
+        else:
+            rig.feed(PeerDisconnected("rv", ErrorCode.PEER_LOST))
+        _, out = rig.start(int_request([2]))
+        assert [m.op_id for m in sent(out, rig.parent, Contribution)] == [1, 2], ending
