@@ -41,8 +41,8 @@ def reporting_rank(group: GroupRecord | None, peer: PeerId, report: Report) -> i
     leaf = group.plan.parent_of(rank).node_id
     if report.parent != leaf:
         raise CcoError(
-            ErrorCode.PROTOCOL_VIOLATION,
-            f"rank {rank}'s parent in epoch {group.epoch} is {leaf}, not {report.parent}",
+            ErrorCode.UNAUTHORIZED,
+            f"rank {rank} may report only its own parent, {leaf} in epoch {group.epoch}, not {report.parent}",
         )
     return rank
 

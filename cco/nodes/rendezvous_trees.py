@@ -314,12 +314,11 @@ class Trees:
 
     def reported(self, group: GroupRecord, out: list[Command]) -> None:
         """A member's Report excluded aggregators of the group's tree: a new epoch,
-        announced VERIFICATION_FAILED if a tree fits without them, else NO_AGGREGATOR
-        (one EpochChange either way); the capacity it frees goes to waiting groups."""
-        code = (
-            ErrorCode.VERIFICATION_FAILED if self._candidate(group) is not None else ErrorCode.NO_AGGREGATOR
-        )
-        self.group_event(group, GroupEvent.REPORTED, out, code)
+        announced VERIFICATION_FAILED so that every member fails what went through the
+        reported tree alike, then a tree without them, or (no tree fitting) the
+        NO_AGGREGATOR epoch of a waiting group; the capacity it frees goes to waiting
+        groups."""
+        self.group_event(group, GroupEvent.REPORTED, out, ErrorCode.VERIFICATION_FAILED)
         self.retry_waiting(out)
 
     def aggregators_changed(self, out: list[Command], lost: str | None) -> None:

@@ -255,12 +255,7 @@ def test_an_aggregator_that_changes_scales_is_detected_by_every_endpoint(
     requests = {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=data[r]) for r in range(WORLD)}
     results = d.collective(GROUP, requests)
     assert len(results) == WORLD and [t for t in tampers.values() if t.acted] == [tampers[liars[0]]]
-    detected = {ErrorCode.VERIFICATION_FAILED, ErrorCode.OPERATION_MISMATCH}
+    codes = {ErrorCode.VERIFICATION_FAILED, ErrorCode.OPERATION_MISMATCH}
     for outcome in results.values():
         assert isinstance(outcome, OperationFailed), "no endpoint returns data computed at altered scales"
-        # an endpoint that had not judged its result yet fails when the first Report
-        # takes the group off the liar's path, which leaves no tree for 8 ranks
-        assert outcome.error.code in {*detected, ErrorCode.NO_AGGREGATOR}, outcome.error
-    assert any(isinstance(o, OperationFailed) and o.error.code in detected for o in results.values()), (
-        "some endpoint judged the altered data itself"
-    )
+        assert outcome.error.code in codes, outcome.error

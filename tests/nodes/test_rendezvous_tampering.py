@@ -136,8 +136,8 @@ def test_reports_that_do_not_stand_are_refused_in_the_drafts_order() -> None:
     epoch = h.group().epoch
     assert _refused(h, "e0", _report(h, "e0", epoch=epoch - 1)) is ErrorCode.STALE_EPOCH
     assert _refused(h, "e0", _report(h, "e0", epoch=epoch + 1)) is ErrorCode.STALE_EPOCH
-    assert _refused(h, "e0", _report(h, "e0", parent="l1")) is ErrorCode.PROTOCOL_VIOLATION
-    assert _refused(h, "e0", _report(h, "e0", parent="r0")) is ErrorCode.PROTOCOL_VIOLATION
+    assert _refused(h, "e0", _report(h, "e0", parent="l1")) is ErrorCode.UNAUTHORIZED
+    assert _refused(h, "e0", _report(h, "e0", parent="r0")) is ErrorCode.UNAUTHORIZED
     assert _refused(h, "l0", _report(h, "e0")) is ErrorCode.UNAUTHORIZED
 
 
@@ -161,7 +161,7 @@ def test_a_waiting_group_has_no_tree_to_report() -> None:
     assert _refused(h, "e0", report) is ErrorCode.STALE_EPOCH
 
 
-def test_without_an_aggregator_left_the_group_waits_after_one_no_aggregator_epoch() -> None:
+def test_without_an_aggregator_left_the_group_waits_after_the_reported_epoch_ends() -> None:
     h = Harness(RendezvousConfig(groups={GID: GroupConfig(world_size=2, credential=CRED)}))
     h.aggregator("evil", capacity=1)
     h.endpoint("e0", world_size=2)
@@ -169,7 +169,10 @@ def test_without_an_aggregator_left_the_group_waits_after_one_no_aggregator_epoc
     epoch = h.group().epoch
     cmds = h.send("e1", _report(h, "e1"))
     changes = [m for m in sent_to(cmds, "e0") if isinstance(m, EpochChange)]
-    assert [(c.epoch, c.code) for c in changes] == [(epoch + 1, ErrorCode.NO_AGGREGATOR)]
+    assert [(c.epoch, c.code) for c in changes] == [
+        (epoch + 1, ErrorCode.VERIFICATION_FAILED),
+        (epoch + 2, ErrorCode.NO_AGGREGATOR),
+    ]
     assert h.group().state is GroupState.WAITING
     # the excluded aggregator comes back on a new connection: still not this group's
     h.feed(PeerDisconnected("evil", ErrorCode.PEER_LOST))
