@@ -52,7 +52,7 @@ from cco.localcluster import free_udp_port
 from cco.status_cli import ask
 from cco.transport import TransportConfig
 from cco.transport.certs import create_dev_pki
-from cco.wire.errors import CcoError, ErrorCode
+from cco.wire.errors import CcoError
 from cco.wire.messages import GroupView
 from cco.wire.registries import Role
 
@@ -69,9 +69,6 @@ form: see cco.interop.hostile); the rest is the trial's number."""
 SOURCE = bytes.fromhex("b2" * 16)
 """The group whose results the other-group attack passes off as another's."""
 EVIL, HONEST = "evil", "honest"
-NAME_SETS = 3
-"""Trials take their ranks' node ids from this many sets in turn, so that a node id
-comes back only once the rendezvous has long seen its last connection end."""
 EXACT_ELEMENTS = 16  # cco.wire.exact.MAX_ELEMENTS: float sums this small are unscaled
 
 
@@ -153,7 +150,7 @@ def run_call(comms: list[BlockingCommunicator], arrays: list[np.ndarray]) -> lis
 
 
 class TamperCluster:
-    def __init__(self, workdir: Path, attack: str, seed: int) -> None:
+    def __init__(self, workdir: Path, attack: str, seed: int, trials: int = 1) -> None:
         self.workdir = workdir
         self.pki = workdir / "pki"
         self.log = workdir / "tamper.jsonl"
@@ -161,14 +158,15 @@ class TamperCluster:
         self.processes: list[subprocess.Popen[str]] = []
         self.handles: list[IO[str]] = []
         workdir.mkdir(parents=True, exist_ok=True)
-        names = [f"{form}-{n}-{r}" for form in (SCALED, UNSCALED) for n in range(NAME_SETS) for r in range(2)]
+        # node ids of their own for every trial's ranks and status question: a node id
+        # used again could meet the rendezvous before it saw the last connection end
+        names = [name for trial in range(trials) for name in (*trial_names(trial), f"operator-{trial}")]
         create_dev_pki(
             self.pki,
             [
                 ("rendezvous", Role.RENDEZVOUS),
                 (EVIL, Role.AGGREGATOR),
                 (HONEST, Role.AGGREGATOR),
-                ("operator", Role.ENDPOINT),
                 *((n, Role.ENDPOINT) for n in [*names, "source-0", "source-1"]),
             ],
         )
@@ -258,9 +256,9 @@ class TamperCluster:
             return []
         return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
 
-    def group_view(self, group_id: bytes) -> GroupView | None:
-        """The rendezvous's view of ``group_id`` (its StatusReply, asked as an operator)."""
-        transport = TransportConfig.for_node(self.pki, "operator", max_datagram_size=16000)
+    def group_view(self, group_id: bytes, trial: int) -> GroupView | None:
+        """The rendezvous's view of ``group_id`` (its StatusReply, asked as trial's operator)."""
+        transport = TransportConfig.for_node(self.pki, f"operator-{trial}", max_datagram_size=16000)
         reply = asyncio.run(ask(HOST, self.port, "rendezvous", transport, 0, 20.0))
         return next((g for g in reply.groups if g.group_id == group_id), None)
 
@@ -286,7 +284,7 @@ def run_trials(attack: str, trials: int, workdir: Path, seed: int = 41) -> Trial
     in a group of its own, then the group's next call."""
     started = time.monotonic()
     outcome = Trials(attack, trials)
-    nodes = TamperCluster(workdir, attack, seed)
+    nodes = TamperCluster(workdir, attack, seed, trials)
     handler = logging.FileHandler(workdir / "endpoints.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     logging.getLogger("cco").addHandler(handler)
@@ -301,9 +299,8 @@ def run_trials(attack: str, trials: int, workdir: Path, seed: int = 41) -> Trial
         for trial in range(trials):
             form = forms[trial % len(forms)]
             group_id = PREFIXES[form] + trial.to_bytes(15, "big")
-            names = [f"{form}-{trial % NAME_SETS}-{r}" for r in range(2)]
             dtype, elements = _call_plan(attack, form, rng)
-            comms = join_group(rendezvous, nodes.pki, group_id, names)
+            comms = join_group(rendezvous, nodes.pki, group_id, trial_names(trial))
             try:
                 calls: list[Call] = []
                 for _ in range(3):
@@ -311,7 +308,7 @@ def run_trials(attack: str, trials: int, workdir: Path, seed: int = 41) -> Trial
                     if source:
                         run_call(source, [_inputs(dtype, elements, rng) for _ in range(2)])
                     calls.append((arrays, run_call(comms, arrays)))
-                view = nodes.group_view(group_id)
+                view = nodes.group_view(group_id, trial)
             finally:
                 for comm in comms:
                     comm.close()
@@ -331,18 +328,14 @@ def run_trials(attack: str, trials: int, workdir: Path, seed: int = 41) -> Trial
     return outcome
 
 
+def trial_names(trial: int) -> list[str]:
+    """The node ids of trial ``trial``'s two ranks."""
+    return [f"trial-{trial}-{rank}" for rank in range(2)]
+
+
 def join_group(rendezvous: str, pki: Path, group_id: bytes, names: list[str]) -> list[BlockingCommunicator]:
-    """The ranks of a group of two, joined; a join refused because the rendezvous has
-    not yet seen the end of the same node id's last connection is tried again."""
-    spec = GroupSpec(group_id=group_id, world_size=2, rendezvous=rendezvous)
-    for attempt in range(5):
-        try:
-            return join_all(spec, names, pki, 60)
-        except CcoError as error:
-            if error.code is not ErrorCode.UNAUTHORIZED or attempt == 4:
-                raise
-            time.sleep(1.0)
-    raise AssertionError("unreachable")
+    """The ranks of a group of two, joined."""
+    return join_all(GroupSpec(group_id=group_id, world_size=2, rendezvous=rendezvous), names, pki, 60)
 
 
 def _exact(arrays: list[np.ndarray], data: list[np.ndarray]) -> bool:

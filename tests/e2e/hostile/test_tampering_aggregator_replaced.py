@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks" / "support"))
-from tamper_trials import EVIL, HONEST, HOST, TamperCluster, join_group, run_call
+from tamper_trials import EVIL, HONEST, HOST, TamperCluster, join_group, run_call, trial_names
 
 from cco.wire.errors import CcoError, ErrorCode
 
@@ -29,18 +29,18 @@ GROUP = bytes.fromhex("a1" + "00" * 14 + "2a")
 
 
 def test_the_group_leaves_the_tampering_aggregator_and_its_next_calls_are_exact(tmp_path: Path) -> None:
-    nodes = TamperCluster(tmp_path, "change-element", seed=3)
+    nodes = TamperCluster(tmp_path, "change-element", seed=3, trials=2)  # two status questions
     comms = []
     try:
-        comms = join_group(f"{HOST}:{nodes.port}", nodes.pki, GROUP, ["unscaled-0-0", "unscaled-0-1"])
-        before = nodes.group_view(GROUP)
+        comms = join_group(f"{HOST}:{nodes.port}", nodes.pki, GROUP, trial_names(0))
+        before = nodes.group_view(GROUP, 0)
         assert before is not None and [n.node_id for n in before.tree] == [EVIL]
         rng = np.random.default_rng(3)
         outcomes = []
         for _ in range(4):
             arrays = [rng.integers(-1000, 1000, 700).astype(np.int32) for _ in range(2)]
             outcomes.append((arrays, run_call(comms, arrays)))
-        after = nodes.group_view(GROUP)
+        after = nodes.group_view(GROUP, 1)
     finally:
         for comm in comms:
             comm.close()
