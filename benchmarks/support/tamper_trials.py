@@ -44,7 +44,7 @@ from typing import IO, Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hostile_victim import join_all
+from hostile_victim import close_all, join_all
 
 from cco.client import BlockingCommunicator, GroupSpec
 from cco.interop.hostile import ATTACKS, SCALE_ATTACKS
@@ -310,8 +310,7 @@ def run_trials(attack: str, trials: int, workdir: Path, seed: int = 41) -> Trial
                     calls.append((arrays, run_call(comms, arrays)))
                 view = nodes.group_view(group_id, trial)
             finally:
-                for comm in comms:
-                    comm.close()
+                close_all(comms)
             log = [line for line in nodes.tampered() if line["group"] == group_id.hex()]
             _judge(outcome, calls[:2], log)
             if log:
@@ -319,8 +318,7 @@ def run_trials(attack: str, trials: int, workdir: Path, seed: int = 41) -> Trial
             if trial % 50 == 49:
                 print(f"  {attack}: {trial + 1} trials", file=sys.stderr, flush=True)
     finally:
-        for comm in source:
-            comm.close()
+        close_all(source)
         nodes.close()
         logging.getLogger("cco").removeHandler(handler)
         handler.close()

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks" / "support"))
+from hostile_victim import close_all
 from tamper_trials import EVIL, HONEST, HOST, TamperCluster, join_group, run_call, trial_names
 
 from cco.wire.errors import CcoError, ErrorCode
@@ -42,8 +43,7 @@ def test_the_group_leaves_the_tampering_aggregator_and_its_next_calls_are_exact(
             outcomes.append((arrays, run_call(comms, arrays)))
         after = nodes.group_view(GROUP, 1)
     finally:
-        for comm in comms:
-            comm.close()
+        close_all(comms)
         nodes.close()
     tampered = [json.loads(line) for line in nodes.log.read_text().splitlines()]
     assert {line["ordinal"] for line in tampered} == {1}, "evil tampered with call 1 only"
