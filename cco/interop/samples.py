@@ -478,6 +478,19 @@ def _membership_samples() -> list[Sample]:
             ),
         ),
         Sample(
+            "report-operation-mismatch",
+            "An endpoint reports a Result, delivered by agg-7, whose header is not that of "
+            "operation 13 to which it contributed.",
+            Report(
+                group_id=group_id("training"),
+                epoch=3,
+                op_id=13,
+                code=ErrorCode.OPERATION_MISMATCH,
+                parent="agg-7",
+                detail="chunk 0: Result of another length",
+            ),
+        ),
+        Sample(
             "report-bounds",
             "A Report at the largest epoch and op_id, with the longest parent node_id (255 bytes "
             "of UTF-8) and an empty detail.",

@@ -406,9 +406,10 @@ class EpochChange(Message):
     code: ErrorCode = wire(4, Enum(ErrorCode))
 
 
-REPORT_CODES = (ErrorCode.VERIFICATION_FAILED,)
+REPORT_CODES = (ErrorCode.VERIFICATION_FAILED, ErrorCode.OPERATION_MISMATCH)
 """The codes a Report may carry: what an endpoint can find wrong with the data its
-parent delivered (draft section "Report")."""
+parent delivered, a tag or check that fails, or a Result that is not of the
+operation it claims to be (draft section "Report")."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -84,9 +84,11 @@ def test_without_the_rendezvous_nothing_is_reported_and_nothing_held_back() -> N
     assert len(sent(out, rig.parent, Contribution)) == 1, "no epoch change can be awaited"
 
 
-def test_a_verification_failure_announced_by_an_abort_is_not_reported() -> None:
+def test_a_verification_failure_announced_by_an_abort_is_not_reported_but_awaited() -> None:
     """Only data this rank verified itself is evidence: an Abort is the claim of
-    whoever sent it."""
+    whoever sent it.  But the rank that found it is reporting it, so the next call
+    waits for the new tree, where it runs as at that rank; and if no new epoch comes,
+    the call fails at its deadline and the tree is used again."""
     rig = joined()
     op_id, out = rig.start(int_request([1, 2, 3, 4]))
     abort = Abort(
@@ -95,7 +97,25 @@ def test_a_verification_failure_announced_by_an_abort_is_not_reported() -> None:
     out = rig.from_parent(abort)
     assert [e.code for e in failures(out)] == [ErrorCode.VERIFICATION_FAILED]
     assert not sent(out, "rv", Report)
-    _, out = rig.start(int_request([1]))
+    again, out = rig.start(int_request([1]))
+    assert not sent(out), "held back"
+    change = EpochChange(
+        group_id=GROUP, epoch=2, members=bitmap_from_ranks(range(WORLD)), code=ErrorCode.VERIFICATION_FAILED
+    )
+    assert not failures(rig.rendezvous(change)), "a call made again after the tampering starts again"
+    dial = rig.rendezvous(tree(epoch=2, parent=PARENT2))
+    (connect,) = [c for c in dial if isinstance(c, ConnectTo)]
+    rig.parent = connect.peer
+    (chunk,) = sent(rig.feed(PeerConnected(connect.peer, "leaf2", Role.AGGREGATOR)), rig.parent, Contribution)
+    assert (chunk.op_id, chunk.epoch) == (again, 2)
+    # a claim no Report followed: the held call fails at its deadline, the next leaves
+    rig = joined()
+    op_id, _ = rig.start(int_request([1, 2, 3, 4]))
+    rig.from_parent(dataclasses.replace(abort, op_id=op_id))
+    rig.start(int_request([1], timeout=1.0))
+    (timeout,) = failures(rig.timer(1.5))
+    assert timeout.code is ErrorCode.TIMEOUT and "held back" in str(timeout)
+    _, out = rig.start(int_request([2]))
     assert len(sent(out, rig.parent, Contribution)) == 1
 
 
@@ -139,3 +159,15 @@ def test_a_refused_report_or_a_new_rendezvous_connection_lets_chunks_leave_again
             rig.feed(PeerDisconnected("rv", ErrorCode.PEER_LOST))
         _, out = rig.start(int_request([2]))
         assert [m.op_id for m in sent(out, rig.parent, Contribution)] == [1, 2], ending
+
+
+def test_a_result_that_is_not_of_its_operation_is_reported_as_a_mismatch() -> None:
+    """It includes this rank's own chunk, or should: an honest tree cannot send it."""
+    rig = joined()
+    op_id, out = rig.start(int_request([1, 2, 3, 4]))
+    (mine,) = sent(out, rig.parent, Contribution)
+    other = result_for(dataclasses.replace(mine, total_elements=3, payload=mine.payload[:3]))
+    out = rig.from_parent(other)
+    assert [e.code for e in failures(out)] == [ErrorCode.OPERATION_MISMATCH]
+    (report,) = sent(out, "rv", Report)
+    assert (report.op_id, report.code, report.parent) == (op_id, ErrorCode.OPERATION_MISMATCH, "leaf")
