@@ -35,7 +35,9 @@ machine, see the p90 too), the seconds the newcomer took to form, and each node'
 RSS (baseline, peak, settled, seconds to come back within 10%).  All of it goes to
 ``--out`` as JSON.
 
-    python benchmarks/bench_hostile.py                       # everything, about 25 minutes
+    python benchmarks/bench_hostile.py                       # everything: the attacks, then the
+                                                             # tampering trials (a group formed per
+                                                             # trial, about 0.7 s each: 25 minutes)
     python benchmarks/bench_hostile.py --attacks join-flood,slow-reader --settle 30 --tamper-trials 0
     python benchmarks/bench_hostile.py --attacks "" --tampering swap-chunks,split-scale
 """
