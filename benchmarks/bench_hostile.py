@@ -19,12 +19,15 @@ attacks (benchmarks/support/hostile_peer.py):
   Error nor a close), then random garbage frames from new connections.
 
 Then (``--tamper-trials``, 200 by default) a malicious aggregator (cco/interop/hostile.py)
-tampers with the results of a group of two, each attack in that many randomised calls
-live (benchmarks/support/tamper_trials.py): change an element, drop a contributor
-with and without its bit, count one twice, replay an old result, pass off another
-group's result, swap chunks, invent a contributor, send a result for an operation
-never started, inflate or split a block scale.  Target: every tampered call fails on
-every rank (no unverified data returned), every honest call in between succeeds.
+tampers with the results of groups of two, each attack in that many randomised trials
+live (benchmarks/support/tamper_trials.py), each trial a group of its own formed on
+the malicious aggregator with an honest one beside it: change an element, drop a
+contributor with and without its bit, count one twice, replay an old result, pass
+off another group's result, swap chunks, invent a contributor, send a result for an
+operation never started, inflate or split a block scale.  Target: every tampered
+call fails on every rank (no unverified data returned), every honest call in between
+succeeds, and after every tampering the group continues in a new epoch without the
+malicious aggregator (its members' Reports), its next call exact.
 
 Printed per attack, beside issue 41's targets: the victim's failed and inexact rounds,
 its median round time under attack against unloaded (wall clock: noisy on a busy
@@ -32,7 +35,9 @@ machine, see the p90 too), the seconds the newcomer took to form, and each node'
 RSS (baseline, peak, settled, seconds to come back within 10%).  All of it goes to
 ``--out`` as JSON.
 
-    python benchmarks/bench_hostile.py                       # everything, about 25 minutes
+    python benchmarks/bench_hostile.py                       # everything: the attacks, then the
+                                                             # tampering trials (a group formed per
+                                                             # trial, about 0.7 s each: 25 minutes)
     python benchmarks/bench_hostile.py --attacks join-flood,slow-reader --settle 30 --tamper-trials 0
     python benchmarks/bench_hostile.py --attacks "" --tampering swap-chunks,split-scale
 """
@@ -115,10 +120,11 @@ def tamper_report(trials: Trials) -> str:
     line = (
         f"  {trials.attack:20} {trials.detected}/{trials.tampered_calls} tampered calls failed on all ranks, "
         f"{len(trials.undetected)} returned data, {len(trials.honest_refused)} of "
-        f"{trials.calls - trials.tampered_calls} honest calls refused ({codes}): {verdict}"
+        f"{trials.calls - trials.tampered_calls} honest calls refused ({codes}); "
+        f"{trials.continued}/{trials.tampered_calls} groups continued without the aggregator: {verdict}"
     )
-    if trials.undetected or trials.honest_refused:
-        line += f"\n    first: {(trials.undetected or trials.honest_refused)[0]}"
+    if trials.undetected or trials.honest_refused or trials.stuck:
+        line += f"\n    first: {(trials.undetected or trials.honest_refused or trials.stuck)[0]}"
     return line
 
 

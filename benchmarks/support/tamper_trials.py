@@ -1,20 +1,26 @@
 """Live trials of a malicious aggregator's tamperings (issue 41, third bullet).
 
-For one attack: a rendezvous (``cco-node``) and one aggregator that tampers
-(:mod:`cco.interop.hostile`, the only aggregator, so every group's tree goes through
-it) on loopback; attacked groups of two ranks (in this process) run ``2 x trials``
-all-reduces of random shapes and types, in pairs of the same shape, one group for
-block-scaled calls and one for the others (integers, and floats small enough for
-the EXACT form), pair by pair as the attack allows.  The aggregator attacks the
-second call of each pair (never-started: the first, sending a result for the
-second) and says so in its tamper log.  For the other-group attack a source group
-runs the same shape before each call; the aggregator passes its results off as
-the attacked group's.  Checked per call, against the log:
+For one attack: a rendezvous (``cco-node``), one aggregator that tampers
+(:mod:`cco.interop.hostile`, "evil") and one honest aggregator ("honest") on
+loopback.  Every trial is a pair of all-reduces of one random shape and type in a
+group of two ranks (in this process) formed for it, on the evil aggregator (the
+planner takes the smallest node id among equals): block-scaled calls, or the others
+(integers, and floats small enough for the EXACT form), trial by trial as the attack
+allows.  The aggregator attacks the second call of the pair (never-started: the
+first, sending a result for the second) and says so in its tamper log.  For the
+other-group attack a source group runs the same shape before each call; the
+aggregator passes its results off as the attacked group's.  Checked per call,
+against the log:
 
 * a call the log names failed on every rank with a typed error: detected, and no
   data returned (a rank that returned data counts as undetected, whatever it got);
 * every other call returned on every rank, bit-identical between the ranks, and
   exact for integers: nothing honest was refused.
+
+And per tampered trial, whether the group continued without the evil aggregator:
+a third call of the same shape, made at once, returned the exact result on every
+rank, and the rendezvous (asked for its status) has the group in a later epoch, in
+a tree without the evil aggregator.  The members' Reports moved it there.
 
     python benchmarks/support/tamper_trials.py --attack swap-chunks --trials 200
 """
@@ -22,6 +28,7 @@ the attacked group's.  Checked per call, against the log:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import os
@@ -42,8 +49,11 @@ from hostile_victim import close_all, join_all
 from cco.client import BlockingCommunicator, GroupSpec
 from cco.interop.hostile import ATTACKS, SCALE_ATTACKS
 from cco.localcluster import free_udp_port
+from cco.status_cli import ask
+from cco.transport import TransportConfig
 from cco.transport.certs import create_dev_pki
 from cco.wire.errors import CcoError
+from cco.wire.messages import GroupView
 from cco.wire.registries import Role
 
 HOST = "127.0.0.1"
@@ -53,10 +63,12 @@ HEARTBEAT_MS = 3000
 """Members are lost after three intervals without a message: long enough that a
 machine busy with other work does not lose them (the trials judge tampering, not
 liveness)."""
-GROUPS = {UNSCALED: bytes.fromhex("a1" * 16), SCALED: bytes.fromhex("c3" * 16)}
-"""The attacked groups, one per form (a group's calls keep one form: see cco.interop.hostile)."""
+PREFIXES = {UNSCALED: b"\xa1", SCALED: b"\xc3"}
+"""The first byte of the attacked groups' ids, one per form (a group's calls keep one
+form: see cco.interop.hostile); the rest is the trial's number."""
 SOURCE = bytes.fromhex("b2" * 16)
 """The group whose results the other-group attack passes off as another's."""
+EVIL, HONEST = "evil", "honest"
 EXACT_ELEMENTS = 16  # cco.wire.exact.MAX_ELEMENTS: float sums this small are unscaled
 
 
@@ -69,13 +81,21 @@ class Trials:
     detected: int = 0
     undetected: list[dict[str, Any]] = field(default_factory=list)
     honest_refused: list[dict[str, Any]] = field(default_factory=list)
+    continued: int = 0
+    """Tampered trials after which the group went on, exact, without the evil aggregator."""
+    stuck: list[dict[str, Any]] = field(default_factory=list)
     codes: Counter[str] = field(default_factory=Counter)
     details: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
 
     @property
     def held(self) -> bool:
-        return self.tampered_calls >= self.trials and not self.undetected and not self.honest_refused
+        return (
+            self.tampered_calls >= self.trials
+            and not self.undetected
+            and not self.honest_refused
+            and self.continued == self.tampered_calls
+        )
 
     def as_dict(self) -> dict[str, Any]:
         out = {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -83,6 +103,7 @@ class Trials:
         out["held"] = self.held
         out["undetected"] = self.undetected[:10]
         out["honest_refused"] = self.honest_refused[:10]
+        out["stuck"] = self.stuck[:10]
         return out
 
 
@@ -117,7 +138,7 @@ def _inputs(dtype: np.dtype[Any], elements: int, rng: np.random.Generator) -> np
     return rng.integers(-1000, 1000, elements).astype(dtype)
 
 
-def _run_call(comms: list[BlockingCommunicator], arrays: list[np.ndarray]) -> list[np.ndarray | CcoError]:
+def run_call(comms: list[BlockingCommunicator], arrays: list[np.ndarray]) -> list[np.ndarray | CcoError]:
     futures = [c.start_all_reduce(a) for c, a in zip(comms, arrays, strict=True)]
     out: list[np.ndarray | CcoError] = []
     for future in futures:
@@ -128,8 +149,8 @@ def _run_call(comms: list[BlockingCommunicator], arrays: list[np.ndarray]) -> li
     return out
 
 
-class _Nodes:
-    def __init__(self, workdir: Path, attack: str, seed: int) -> None:
+class TamperCluster:
+    def __init__(self, workdir: Path, attack: str, seed: int, trials: int = 1) -> None:
         self.workdir = workdir
         self.pki = workdir / "pki"
         self.log = workdir / "tamper.jsonl"
@@ -137,13 +158,16 @@ class _Nodes:
         self.processes: list[subprocess.Popen[str]] = []
         self.handles: list[IO[str]] = []
         workdir.mkdir(parents=True, exist_ok=True)
-        names = [f"{who}-{r}" for who in (SCALED, UNSCALED, "source") for r in range(2)]
+        # node ids of their own for every trial's ranks and status question: a node id
+        # used again could meet the rendezvous before it saw the last connection end
+        names = [name for trial in range(trials) for name in (*trial_names(trial), f"operator-{trial}")]
         create_dev_pki(
             self.pki,
             [
                 ("rendezvous", Role.RENDEZVOUS),
-                ("evil", Role.AGGREGATOR),
-                *((n, Role.ENDPOINT) for n in names),
+                (EVIL, Role.AGGREGATOR),
+                (HONEST, Role.AGGREGATOR),
+                *((n, Role.ENDPOINT) for n in [*names, "source-0", "source-1"]),
             ],
         )
         common = ["--pki-dir", str(self.pki), "--max-datagram-size", "16000"]
@@ -172,30 +196,38 @@ class _Nodes:
             ],
         )
         self._wait("rendezvous", "listening")
+        to_rendezvous = ["--rendezvous", f"{HOST}:{self.port}"]
         self._spawn(
-            "evil",
+            EVIL,
             [
                 "-m",
                 "cco.interop.hostile",
                 "--attack",
                 attack,
                 "--target-group",
-                ",".join(g.hex() for g in GROUPS.values()),
+                ",".join(prefix.hex() for prefix in PREFIXES.values()),
                 "--seed",
                 str(seed),
                 "--tamper-log",
                 str(self.log),
                 "--",
                 "--node-id",
-                "evil",
+                EVIL,
                 *common,
                 "--listen",
                 f"{HOST}:{free_udp_port()}",
-                "--rendezvous",
-                f"{HOST}:{self.port}",
+                *to_rendezvous,
             ],
         )
-        self._wait("evil", "registered")
+        self._spawn(
+            HONEST,
+            [
+                *("-m", "cco.cli", "--role", "aggregator", "--node-id", HONEST, *common),
+                *("--listen", f"{HOST}:{free_udp_port()}", *to_rendezvous),
+            ],
+        )
+        self._wait(EVIL, "registered")
+        self._wait(HONEST, "registered")
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         handle = open(self.workdir / f"{name}.log", "w")  # noqa: SIM115 - closed in close()
@@ -212,8 +244,9 @@ class _Nodes:
 
     def _wait(self, name: str, needle: str, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
+        process = self.processes[[Path(h.name).stem for h in self.handles].index(name)]
         while needle not in (self.workdir / f"{name}.log").read_text(errors="replace"):
-            if time.monotonic() > deadline or self.processes[-1].poll() is not None:
+            if time.monotonic() > deadline or process.poll() is not None:
                 tail = (self.workdir / f"{name}.log").read_text(errors="replace")[-1500:]
                 raise RuntimeError(f"{name} did not log '{needle}': {tail}")
             time.sleep(0.05)
@@ -222,6 +255,12 @@ class _Nodes:
         if not self.log.exists():
             return []
         return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
+
+    def group_view(self, group_id: bytes, trial: int) -> GroupView | None:
+        """The rendezvous's view of ``group_id`` (its StatusReply, asked as trial's operator)."""
+        transport = TransportConfig.for_node(self.pki, f"operator-{trial}", max_datagram_size=16000)
+        reply = asyncio.run(ask(HOST, self.port, "rendezvous", transport, 0, 20.0))
+        return next((g for g in reply.groups if g.group_id == group_id), None)
 
     def close(self) -> None:
         for process in self.processes:
@@ -237,49 +276,49 @@ class _Nodes:
             handle.close()
 
 
+Call = tuple[list[np.ndarray], list[np.ndarray | CcoError]]
+
+
 def run_trials(attack: str, trials: int, workdir: Path, seed: int = 41) -> Trials:
-    """``trials`` tampered calls of ``attack`` (and as many honest ones between)."""
+    """``trials`` tampered calls of ``attack`` (and as many honest ones between), each
+    in a group of its own, then the group's next call."""
     started = time.monotonic()
     outcome = Trials(attack, trials)
-    nodes = _Nodes(workdir, attack, seed)
+    nodes = TamperCluster(workdir, attack, seed, trials)
     handler = logging.FileHandler(workdir / "endpoints.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     logging.getLogger("cco").addHandler(handler)
     logging.getLogger("cco").setLevel(logging.INFO)
-    comms: list[BlockingCommunicator] = []
+    source: list[BlockingCommunicator] = []
     try:
         rendezvous = f"{HOST}:{nodes.port}"
-
-        def group(group_id: bytes, names: list[str]) -> list[BlockingCommunicator]:
-            members = join_all(
-                GroupSpec(group_id=group_id, world_size=2, rendezvous=rendezvous), names, nodes.pki, 60
-            )
-            comms.extend(members)
-            return members
-
         forms = _forms(attack)
-        attacked = {form: group(GROUPS[form], [f"{form}-0", f"{form}-1"]) for form in forms}
-        source = group(SOURCE, ["source-0", "source-1"]) if attack == "other-group" else []
+        if attack == "other-group":
+            source = join_group(rendezvous, nodes.pki, SOURCE, ["source-0", "source-1"])
         rng = np.random.default_rng(seed)
-        results: dict[str, list[tuple[list[np.ndarray], list[np.ndarray | CcoError]]]] = {
-            f: [] for f in forms
-        }
-        for pair in range(trials):
-            form = forms[pair % len(forms)]
+        for trial in range(trials):
+            form = forms[trial % len(forms)]
+            group_id = PREFIXES[form] + trial.to_bytes(15, "big")
             dtype, elements = _call_plan(attack, form, rng)
-            for _ in range(2):
-                arrays = [_inputs(dtype, elements, rng) for _ in range(2)]
-                if source:
-                    _run_call(source, [_inputs(dtype, elements, rng) for _ in range(2)])
-                results[form].append((arrays, _run_call(attacked[form], arrays)))
-            if pair % 50 == 49:
-                print(f"  {attack}: {pair + 1} pairs", file=sys.stderr, flush=True)
-        time.sleep(0.5)  # the aggregator's last log lines
-        log = nodes.tampered()
-        for form, calls in results.items():
-            _judge(outcome, calls, [line for line in log if line["group"] == GROUPS[form].hex()])
+            comms = join_group(rendezvous, nodes.pki, group_id, trial_names(trial))
+            try:
+                calls: list[Call] = []
+                for _ in range(3):
+                    arrays = [_inputs(dtype, elements, rng) for _ in range(2)]
+                    if source:
+                        run_call(source, [_inputs(dtype, elements, rng) for _ in range(2)])
+                    calls.append((arrays, run_call(comms, arrays)))
+                view = nodes.group_view(group_id, trial)
+            finally:
+                close_all(comms)
+            log = [line for line in nodes.tampered() if line["group"] == group_id.hex()]
+            _judge(outcome, calls[:2], log)
+            if log:
+                _judge_continuation(outcome, trial, calls[2], view)
+            if trial % 50 == 49:
+                print(f"  {attack}: {trial + 1} trials", file=sys.stderr, flush=True)
     finally:
-        close_all(comms)
+        close_all(source)
         nodes.close()
         logging.getLogger("cco").removeHandler(handler)
         handler.close()
@@ -287,11 +326,46 @@ def run_trials(attack: str, trials: int, workdir: Path, seed: int = 41) -> Trial
     return outcome
 
 
-def _judge(
-    outcome: Trials,
-    results: list[tuple[list[np.ndarray], list[np.ndarray | CcoError]]],
-    log: list[dict[str, Any]],
-) -> None:
+def trial_names(trial: int) -> list[str]:
+    """The node ids of trial ``trial``'s two ranks."""
+    return [f"trial-{trial}-{rank}" for rank in range(2)]
+
+
+def join_group(rendezvous: str, pki: Path, group_id: bytes, names: list[str]) -> list[BlockingCommunicator]:
+    """The ranks of a group of two, joined."""
+    return join_all(GroupSpec(group_id=group_id, world_size=2, rendezvous=rendezvous), names, pki, 60)
+
+
+def _exact(arrays: list[np.ndarray], data: list[np.ndarray]) -> bool:
+    """Whether every rank got the same result, exact for integers (close for floats,
+    whose block-scaled sum rounds)."""
+    identical = all(np.array_equal(d, data[0]) for d in data)
+    want = sum(a.astype(np.float64 if a.dtype.kind == "f" else np.int64) for a in arrays)
+    close = all(
+        np.array_equal(d.astype(np.int64), want)
+        if d.dtype.kind != "f"
+        else np.allclose(d, want, rtol=1e-2, atol=1e-3)
+        for d in data
+    )
+    return identical and close
+
+
+def _judge_continuation(outcome: Trials, trial: int, after: Call, view: GroupView | None) -> None:
+    """After a tampered call: the group's next call is exact on every rank, and the
+    rendezvous has it in a later epoch without the evil aggregator."""
+    arrays, got = after
+    errors = [str(g)[:200] for g in got if isinstance(g, CcoError)]
+    tree = [node.node_id for node in view.tree] if view is not None else []
+    if errors or not _exact(arrays, [g for g in got if not isinstance(g, CcoError)]):
+        outcome.stuck.append({"trial": trial, "next call": errors or ["returned other data"], "tree": tree})
+    elif view is None or view.epoch < 2 or not tree or EVIL in tree:
+        epoch = view.epoch if view is not None else None
+        outcome.stuck.append({"trial": trial, "epoch": epoch, "tree": tree})
+    else:
+        outcome.continued += 1
+
+
+def _judge(outcome: Trials, results: list[Call], log: list[dict[str, Any]]) -> None:
     attacked = {line["ordinal"] for line in log}
     for line in log:
         outcome.details[line["detail"].split(" ")[0]] += 1
@@ -313,15 +387,7 @@ def _judge(
         if errors:
             outcome.honest_refused.append({"call": call, "errors": [str(e)[:200] for e in errors]})
             continue
-        identical = all(np.array_equal(d, data[0]) for d in data)
-        want = sum(a.astype(np.float64 if a.dtype.kind == "f" else np.int64) for a in arrays)
-        close = all(
-            np.array_equal(d.astype(np.int64), want)
-            if d.dtype.kind != "f"
-            else np.allclose(d, want, rtol=1e-2, atol=1e-3)
-            for d in data
-        )
-        if not (identical and close):
+        if not _exact(arrays, data):
             outcome.honest_refused.append({"call": call, "errors": ["an honest call returned other data"]})
 
 

@@ -3,8 +3,9 @@
 It runs the honest aggregator machine and rewrites what goes in and out of it, the
 way a compromised aggregator holding no key could: every attack below edits values,
 tags, bitmaps or headers of the Results it sends down (and, for split scales, what
-it accepts from its children).  It attacks the groups named (``--target-group``),
-and in them the odd calls only, so the honest calls in between show that nothing is
+it accepts from its children).  It attacks the groups named (``--target-group``: a
+group id, or the first bytes of the ids of every group it attacks), and in them the
+odd calls only, so the honest calls in between show that nothing is
 refused wrongly.  A call is one data operation, with its scale pass before it when
 it is block-scaled; the runner keeps every call of a group in one form, so that
 call ``n`` is operation ``n`` (``2n`` and ``2n + 1`` when block-scaled) whether or
@@ -113,9 +114,9 @@ def _values(message: ChunkMessage) -> np.ndarray:
 
 
 class TamperingMachine:
-    """The honest aggregator machine ``inner`` with ``attack`` applied to the groups in
-    ``targets``.  It keeps what it saw of every chunk (a tool for bounded trial runs,
-    not a node to leave running)."""
+    """The honest aggregator machine ``inner`` with ``attack`` applied to the groups
+    whose ids start with one of ``targets``.  It keeps what it saw of every chunk (a
+    tool for bounded trial runs, not a node to leave running)."""
 
     def __init__(
         self, inner: Any, attack: str, targets: frozenset[bytes], seed: int, log: TextIO | None
@@ -154,13 +155,18 @@ class TamperingMachine:
 
     # --- calls ------------------------------------------------------------------------
 
+    def _targeted(self, group_id: bytes) -> bool:
+        """Whether ``group_id`` is attacked: it starts with one of the targets (a whole
+        group id is its own prefix)."""
+        return any(group_id.startswith(target) for target in self.targets)
+
     @staticmethod
     def _ordinal(message: ChunkMessage) -> int:
         """The call ``message`` belongs to (see the module's docstring)."""
         return message.op_id // 2 if _scaled_call(message) else message.op_id
 
     def _attacked(self, message: ChunkMessage) -> bool:
-        if message.group_id not in self.targets:
+        if not self._targeted(message.group_id):
             return False
         scale_pass = message.tag is None
         if scale_pass != (self.attack in SCALE_ATTACKS):
@@ -189,7 +195,7 @@ class TamperingMachine:
         if not isinstance(event, MessageReceived) or not isinstance(event.message, Contribution):
             return event
         message = event.message
-        if message.group_id not in self.targets:
+        if not self._targeted(message.group_id):
             return event
         if message.tag is not None:
             self._parts.setdefault(_key(message), {})[message.contributors] = message
@@ -205,7 +211,7 @@ class TamperingMachine:
         if not isinstance(command, SendMessage) or not isinstance(command.message, Result):
             return [command]
         message = command.message
-        if message.group_id not in self.targets:
+        if not self._targeted(message.group_id):
             if message.tag is not None:
                 self._others[_shape(message)] = message
             return [command]
@@ -347,7 +353,10 @@ def run(argv: list[str]) -> int:
     )
     parser.add_argument("--attack", required=True, choices=ATTACKS)
     parser.add_argument(
-        "--target-group", required=True, help="the attacked groups (32 hex digits, comma-separated)"
+        "--target-group",
+        required=True,
+        help="the attacked groups, comma-separated: a group id (32 hex digits), or fewer digits "
+        "for every group whose id starts with them",
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--tamper-log", help="a JSON line per tampering here")

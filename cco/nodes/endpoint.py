@@ -81,7 +81,7 @@ from cco.wire.messages import (
     TreeAssignment,
     clip_detail,
 )
-from cco.wire.registries import Role
+from cco.wire.registries import MessageType, Role
 
 
 @dataclass(slots=True)
@@ -401,6 +401,8 @@ class EndpointMachine:
             event: SessionEvent | None = self._classify_tree(message)
         elif isinstance(message, Error):
             event = SessionEvent.ERROR_RENDEZVOUS
+            if message.message_type == MessageType.REPORT and joined is not None:
+                joined.engine.report_refused()
         else:
             event = FROM_RENDEZVOUS.get(type(message))
         if isinstance(message, JoinAccept | JoinReject | TreeAssignment | EpochChange) and (
@@ -422,7 +424,9 @@ class EndpointMachine:
             case SessionAction.ADOPT:
                 assert isinstance(message, JoinAccept)
                 membership = Membership(message)
-                self._joined = _Joined(membership, OperationEngine(self.config, membership, self._parent))
+                self._joined = _Joined(
+                    membership, OperationEngine(self.config, membership, self._parent, self._session)
+                )
                 self._session.accept(membership.heartbeat_interval, now, membership.params.loss_window)
             case SessionAction.REFUSED:
                 assert isinstance(message, JoinReject | Error)
@@ -474,11 +478,17 @@ class EndpointMachine:
         if message.code is ErrorCode.NO_AGGREGATOR:
             membership.no_tree = f"epoch changed to {message.epoch}: no aggregator can serve the group"
             return engine.fail_all(ErrorCode.NO_AGGREGATOR, membership.no_tree, None)
+        out: list[Command] = []
+        if message.code is ErrorCode.VERIFICATION_FAILED:
+            out = engine.fail_reported(
+                f"epoch changed to {message.epoch} (VERIFICATION_FAILED): a rank reported data of the "
+                "tree this operation ran in; call again to run it in the new tree"
+            )
         # the same members in a new tree: every operation in flight starts again there
         engine.interrupt_all(
             f"epoch changed to {message.epoch} ({message.code.name}); the tree was re-planned"
         )
-        return []
+        return out
 
     # --- data from the parent ---------------------------------------------------
 

@@ -10,6 +10,14 @@ outstanding chunks, and what happens to each chunk that comes back.
   against the ranks that must have contributed and against this rank's own
   contribution, then decoded straight into the result and remembered by a digest;
   an operation completes once every chunk is verified.
+* A chunk that fails verification fails its operation with VERIFICATION_FAILED, and
+  the rendezvous hears of it in a Report naming the parent that delivered it (one
+  per failed operation): it moves the group to a tree without that path, in a new
+  epoch.  Until that epoch comes no chunk leaves into the reported tree, so a caller
+  that simply calls again gets its result from the new tree.  The other ranks fail
+  the operations whose data went through the reported tree when they learn of the
+  new epoch, if they did not find the tampering themselves: the same operations
+  fail on every rank, and every caller calls again alike.
 * A tree that fails (a re-planned epoch, a lost parent, an Abort saying so)
   interrupts operations instead of failing them: they start again from this rank's
   input in the next tree, within their deadline.  A chunk whose result is half a
@@ -35,21 +43,24 @@ from cco.nodes.calls import TREE_FAILURES, EndpointConfig, OperationError
 from cco.nodes.data_operation import DataOperation
 from cco.nodes.deadlines import earlier
 from cco.nodes.endpoint_states import OPERATION_TABLE, OperationAction, OperationEvent, OperationState
-from cco.nodes.events import Command, OperationCompleted, OperationFailed, SendMessage
+from cco.nodes.events import Command, OperationCompleted, OperationFailed, PeerId, SendMessage
 from cco.nodes.membership import Membership
 from cco.nodes.operation import WireOperation, digest
 from cco.nodes.parent import ParentLink
 from cco.nodes.passes import PresencePass, ScalePass
 from cco.nodes.planning import Prepared
 from cco.nodes.replies import ranks_text
+from cco.nodes.session import RendezvousSession
 from cco.wire import payload
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap
 from cco.wire.messages import (
+    REPORT_CODES,
     Abort,
     BroadcastData,
     ChunkMessage,
     Contribution,
+    Report,
     Result,
     RetransmitRequest,
     clip_detail,
@@ -66,12 +77,28 @@ _WHOLE_GROUP = (Collective.ALL_GATHER, Collective.REDUCE_SCATTER)  # need every 
 class OperationEngine:
     """Every wire operation of one membership in flight, in call order."""
 
-    def __init__(self, config: EndpointConfig, membership: Membership, parent: ParentLink) -> None:
+    def __init__(
+        self,
+        config: EndpointConfig,
+        membership: Membership,
+        parent: ParentLink,
+        rendezvous: RendezvousSession,
+    ) -> None:
         self._early_limit = config.early_limit
         self._membership = membership
         self._parent = parent
+        self._rendezvous = rendezvous
         self.ready = False
         """Whether chunks may leave: the session is READY (its parent connected, its tree current)."""
+        self._held: tuple[int, PeerId] | None = None
+        """An epoch whose tree delivered data that failed verification (this rank's
+        check, reported, or the tree's Abort saying so), and the rendezvous connection
+        then: no chunk leaves into that tree while that connection lasts, until the
+        rendezvous refuses this rank's Report or an operation held back reaches its
+        deadline (then no new epoch is coming)."""
+        self._tree_failed: int | None = None
+        """The last epoch in which an operation here failed on what its tree delivered
+        (a chunk that failed its checks, or the tree's Abort for failed verification)."""
         self.next_op_id = 0
         self.outstanding = 0
         """Chunks sent whose result has not come back, across all operations."""
@@ -201,7 +228,7 @@ class OperationEngine:
     def pump(self, now: float) -> list[Command]:
         """Send chunks, oldest operation first, while the window has room."""
         parent = self._parent.peer
-        if not self.ready or parent is None:
+        if not self.ready or parent is None or self._holding():
             return []
         window = self._membership.params.window
         out: list[Command] = []
@@ -324,9 +351,13 @@ class OperationEngine:
                 return []
             missing = ranks_from_bitmap(message.missing) if message.missing is not None else None
             detail = f"aborted by the tree: {message.detail}"
-            return self._finish_failed(
+            out = self._finish_failed(
                 op, OperationEvent.ABORTED, message.code, detail, missing, tell_tree=False
             )
+            if message.code in REPORT_CODES and out:
+                self._tree_failed = message.epoch
+                self._hold(message.epoch)  # another rank found it, and is reporting it
+            return out
         return self._on_chunk(op, message, now)
 
     def _on_chunk(self, op: WireOperation, message: ChunkMessage, now: float) -> list[Command]:
@@ -343,7 +374,12 @@ class OperationEngine:
             values = self._verify(op, message)
         except CcoError as error:
             detail = f"chunk {index}: {error.detail}"
-            return self._finish_failed(op, OperationEvent.BAD_CHUNK, error.code, detail, None, tell_tree=True)
+            out = self._finish_failed(op, OperationEvent.BAD_CHUNK, error.code, detail, None, tell_tree=True)
+            if out:
+                self._tree_failed = message.epoch
+                if _tampered(error.code, message):
+                    out += self._report(op, message.epoch, error.code, detail)
+            return out
         op.epoch = message.epoch
         op.verified[index] = digest(message)
         del op.headers[index]  # built by _check_header, if not already by _seal
@@ -440,6 +476,40 @@ class OperationEngine:
         if isinstance(op, DataOperation):
             self._end_passes(op)  # a presence pass run again may still wait: it decides nothing
         return [OperationCompleted(op.op_id, result, op.listed)]
+
+    def _report(self, op: WireOperation, epoch: int, code: ErrorCode, detail: str) -> list[Command]:
+        """Tell the rendezvous that the tree of ``epoch`` delivered data that failed
+        its checks, naming the parent that delivered it, and send nothing more into
+        that tree."""
+        rendezvous, parent = self._rendezvous.peer, self._parent.node_id
+        if rendezvous is None or not self._rendezvous.accepted or parent is None:
+            return []
+        membership = self._membership
+        report = Report(
+            group_id=membership.group_id,
+            epoch=epoch,
+            op_id=op.op_id,
+            code=code,
+            parent=parent,
+            detail=clip_detail(f"rank {membership.rank}: {detail}"),
+        )
+        self._hold(epoch)
+        return [SendMessage(rendezvous, report)]
+
+    def _hold(self, epoch: int) -> None:
+        """Data of the tree of ``epoch`` failed its checks: send nothing more into it
+        while the rendezvous, told by a Report, moves the group.  A rank detached from
+        the rendezvous holds nothing back for an epoch change that may not come."""
+        rendezvous = self._rendezvous.peer
+        if rendezvous is not None and self._rendezvous.accepted:
+            self._held = (epoch, rendezvous)
+
+    def report_refused(self) -> None:
+        """The rendezvous answered this rank's Report with an Error: chunks may leave again."""
+        self._held = None
+
+    def _holding(self) -> bool:
+        return self._held == (self._membership.epoch, self._rendezvous.peer)
 
     # --- ending ---------------------------------------------------------------
 
@@ -548,6 +618,22 @@ class OperationEngine:
         self._early.clear()
         return out
 
+    def fail_reported(self, why: str) -> list[Command]:
+        """The group left a tree that a rank reported for data that failed verification.
+        An operation whose data went through that tree (it sent or received a chunk
+        there) fails with VERIFICATION_FAILED, as it did at the rank that checked it,
+        so that every rank fails it and every caller can call again alike; one that
+        sent nothing there yet, or that this rank sent after it had seen that tree's
+        tampering itself, starts in the new tree (:meth:`interrupt_all`)."""
+        out: list[Command] = []
+        for op in list(self._ops.values()):
+            # an operation sent into a tree whose tampering this rank had seen already
+            # is a call made again: it starts again in the new tree, as everywhere
+            if op.epoch is not None and op.interrupted is None and op.epoch != self._tree_failed:
+                event, code = OperationEvent.LOST, ErrorCode.VERIFICATION_FAILED
+                out += self._finish_failed(op, event, code, why, None, tell_tree=False)
+        return out
+
     def interrupt_all(self, why: str) -> None:
         for op in list(self._ops.values()):
             self._interrupt(op, why)
@@ -611,12 +697,16 @@ class OperationEngine:
             # ask again by sending the chunk again (an aggregator answers a copy of a
             # completed chunk with its Result), and again every half timeout after.
             overdue = {i for i, sent in op.outstanding.items() if sent + op.timeout / 2 <= now}
-            if overdue:
+            if overdue and not self._holding():
                 out += self._resend(op, overdue, now)
         for op in [op for op in self._ops.values() if _call(op).deadline <= now]:
             detail = f"no verified result for chunks {op.missing_chunks()} after {op.timeout:g}s"
             if op.interrupted is not None:
                 detail += f" (waiting for a new tree since: {op.interrupted})"
+            elif self._holding():
+                epoch = self._membership.epoch
+                detail += f" (held back: data of the tree of epoch {epoch} failed verification)"
+                self._held = None  # no new epoch came: the tree is all there is
             out += self._finish_failed(
                 op, OperationEvent.DEADLINE, ErrorCode.TIMEOUT, detail, None, tell_tree=True
             )
@@ -635,6 +725,16 @@ class OperationEngine:
             op.outstanding.clear()
         else:
             op.forget_progress()
+
+
+def _tampered(code: ErrorCode, chunk: ChunkMessage) -> bool:
+    """Whether a chunk that failed with ``code`` shows that the tree lied: it failed
+    verification, or it is a Result (which includes this rank's own chunk) that does
+    not match its operation.  BroadcastData of another shape may be the application's
+    mistake (a receiver sized differently from the root), not the tree's."""
+    return code is ErrorCode.VERIFICATION_FAILED or (
+        code is ErrorCode.OPERATION_MISMATCH and isinstance(chunk, Result)
+    )
 
 
 def _call(op: WireOperation) -> DataOperation:

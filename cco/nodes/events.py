@@ -164,6 +164,7 @@ class Happening(Enum):
     EPOCH = "epoch"  # a group's epoch ended: new epoch, members and reason
     TREE = "tree"  # a group got its tree for the current epoch
     WAITING = "waiting"  # a group has no aggregator capacity for a tree
+    TAMPERING = "tampering reported"  # a member's Report excluded aggregators from its group's trees
 
 
 @dataclass(frozen=True, slots=True)

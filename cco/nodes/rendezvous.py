@@ -26,10 +26,14 @@ What peers see (draft section "Membership, Trees and Epochs"):
   that already had a tree is a membership change: JoinAccept names the current
   epoch ``E`` and an EpochChange for ``E + 1`` with the members bitmap follows.
 * Every later change (Leave, loss of a member, loss of an aggregator in the tree,
-  a better tree after an aggregator arrives) sends EpochChange(new epoch, members,
-  code) to the remaining members and to the old tree's aggregators, then new
-  TreeAssignments, aggregators root first, then endpoints by rank
-  (:mod:`cco.nodes.rendezvous_trees`).
+  a better tree after an aggregator arrives, a member's Report of tampering) sends
+  EpochChange(new epoch, members, code) to the remaining members and to the old
+  tree's aggregators, then new TreeAssignments, aggregators root first, then
+  endpoints by rank (:mod:`cco.nodes.rendezvous_trees`).
+* A member's Report that stands takes its rank's path to the root out of its
+  group's trees, for that group alone, and the epoch ends with VERIFICATION_FAILED
+  (NO_AGGREGATOR if no tree fits without them); one that does not stand is refused
+  with an Error and changes nothing (:mod:`cco.nodes.rendezvous_reports`).
 * Heartbeat(seq) goes to every peer each interval and echoes the last seq received
   from it; a peer that sent nothing for three intervals is lost and closed
   (:mod:`cco.nodes.liveness`).
@@ -89,6 +93,7 @@ from cco.nodes.rendezvous_records import (
     Registration,
     chunk_elements_limit,
 )
+from cco.nodes.rendezvous_reports import exclude, path_to_root, reporting_rank
 from cco.nodes.rendezvous_states import (
     PEER_EVENTS,
     PEER_TABLE,
@@ -117,10 +122,11 @@ from cco.wire.messages import (
     Message,
     clip_detail,
 )
+from cco.wire.messages import Report as ReportMessage
 from cco.wire.registries import GROUP_SECRET_SIZE, Role
 
 MAY_SEND: dict[Role, frozenset[type[Message]]] = {
-    Role.ENDPOINT: frozenset({JoinRequest, Leave, Heartbeat, Error}),
+    Role.ENDPOINT: frozenset({JoinRequest, Leave, ReportMessage, Heartbeat, Error}),
     Role.AGGREGATOR: frozenset({AggregatorRegister, Heartbeat, Error}),
 }
 """What each role may send to a rendezvous; another role's message is UNAUTHORIZED."""
@@ -374,6 +380,9 @@ class RendezvousMachine:
             case PeerAction.LEAVE:
                 assert isinstance(message, Leave)
                 self._leave(peer, message, out)
+            case PeerAction.REPORT:
+                assert isinstance(message, ReportMessage)
+                self._report(peer, message, out)
             case PeerAction.REGISTER:
                 assert isinstance(message, AggregatorRegister)
                 self._register(peer, message, out)
@@ -586,6 +595,27 @@ class RendezvousMachine:
             raise CcoError(ErrorCode.NOT_A_MEMBER, f"{peer.node_id} is not rank {message.rank}")
         self._remove_members(group, [message.rank], MemberEvent.LEAVE, message.code, out)
         self._trees.retry_waiting(out)
+
+    def _report(self, peer: PeerRecord, message: ReportMessage, out: list[Command]) -> None:
+        """A member reports data of its tree that failed verification: if the Report
+        stands, the path from its rank to the root leaves the group's trees, and the
+        group goes on in a new epoch (:mod:`cco.nodes.rendezvous_reports`)."""
+        group = self._trees.groups.get(message.group_id)
+        rank = reporting_rank(group, peer.peer, message)
+        assert group is not None and group.plan is not None
+        path = path_to_root(group.plan, rank)
+        exclude(group, path, self.config.limits.exclusions_per_group)
+        self._changed()
+        detail = (
+            f"op {message.op_id} from parent {message.parent}: {message.detail}; "
+            f"excluded from the group's trees: {', '.join(path)}"
+        )
+        out.append(
+            Report(
+                Happening.TAMPERING, peer.node_id, group.group_id, rank, message.epoch, message.code, detail
+            )
+        )
+        self._trees.reported(group, out)
 
     # --- members ----------------------------------------------------------------
 

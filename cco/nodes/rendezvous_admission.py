@@ -39,7 +39,9 @@ class AdmissionLimits:
     ``forming_timeout``: seconds a created group may stay forming before its members
     are removed with Error(TIMEOUT); ``idle_timeout``: seconds a created group stays
     known after its last member left (it reopens with the next epoch if joined
-    meanwhile), then it is forgotten.
+    meanwhile), then it is forgotten.  ``exclusions_per_group``: aggregators that
+    members' Reports took out of one group's trees; a new one beyond it forgets the
+    oldest (:mod:`cco.nodes.rendezvous_reports`).
     """
 
     groups_per_peer: int = 16
@@ -49,6 +51,7 @@ class AdmissionLimits:
     members: int = 65_536
     forming_timeout: float = 120.0
     idle_timeout: float = 300.0
+    exclusions_per_group: int = 16
 
     def __post_init__(self) -> None:
         for item in fields(self):

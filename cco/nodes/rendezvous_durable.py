@@ -39,7 +39,8 @@ class DurableMember:
 @dataclass(frozen=True, slots=True)
 class DurableGroup:
     """A group as a restart must find it; ``change_code`` is the code of the
-    EpochChange that opened the current epoch (NO_ERROR for the first)."""
+    EpochChange that opened the current epoch (NO_ERROR for the first), ``excluded``
+    the aggregators members' Reports took out of its trees, oldest first."""
 
     group_id: bytes
     world_size: int
@@ -52,6 +53,7 @@ class DurableGroup:
     change_code: ErrorCode
     members: tuple[DurableMember, ...]
     plan: TreePlan | None
+    excluded: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +93,7 @@ def export(groups: Mapping[bytes, GroupRecord], registrations: Mapping[str, Regi
                     for _, m in sorted(g.members.items())
                 ),
                 plan=g.plan,
+                excluded=tuple(g.excluded),
             )
             for _, g in sorted(groups.items())
         ),
@@ -137,6 +140,7 @@ def load(state: DurableState) -> tuple[dict[bytes, GroupRecord], dict[str, Regis
             },
             plan=g.plan,
             change_code=g.change_code,
+            excluded=list(g.excluded),
         )
     return groups, registrations
 

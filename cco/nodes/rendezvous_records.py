@@ -91,6 +91,9 @@ class GroupRecord:
     members: dict[int, MemberRecord] = field(default_factory=dict)
     plan: TreePlan | None = None
     change_code: ErrorCode = ErrorCode.NO_ERROR  # of the EpochChange that opened the current epoch
+    excluded: list[str] = field(default_factory=list)
+    """Aggregators that members' Reports took out of this group's trees, oldest first
+    (:mod:`cco.nodes.rendezvous_reports`)."""
 
     def members_bitmap(self) -> bytes:
         return bitmap_from_ranks(set(self.members))

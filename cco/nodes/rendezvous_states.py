@@ -11,7 +11,7 @@ from __future__ import annotations
 from enum import Enum, StrEnum
 
 from cco.nodes.fsm import Move, State, TransitionTable
-from cco.wire.messages import AggregatorRegister, Error, Heartbeat, JoinRequest, Leave, Message
+from cco.wire.messages import AggregatorRegister, Error, Heartbeat, JoinRequest, Leave, Message, Report
 
 
 class PeerState(State):
@@ -46,6 +46,7 @@ class PeerEvent(StrEnum):
 
     JOIN_REQUEST = "JoinRequest"
     LEAVE = "Leave"
+    REPORT = "Report"
     HEARTBEAT = "Heartbeat"
     ERROR = "Error"
     AGGREGATOR_REGISTER = "AggregatorRegister"
@@ -57,6 +58,7 @@ class PeerEvent(StrEnum):
 PEER_EVENTS: dict[type[Message], PeerEvent] = {
     JoinRequest: PeerEvent.JOIN_REQUEST,
     Leave: PeerEvent.LEAVE,
+    Report: PeerEvent.REPORT,
     Heartbeat: PeerEvent.HEARTBEAT,
     Error: PeerEvent.ERROR,
     AggregatorRegister: PeerEvent.AGGREGATOR_REGISTER,
@@ -70,6 +72,7 @@ class PeerAction(Enum):
 
     JOIN = "join or resume a membership"
     LEAVE = "remove the member"
+    REPORT = "check the report; exclude the reported path from the group's trees"
     ECHO = "note the heartbeat's sequence number"
     NOTE = "nothing: a report needs no answer"
     REGISTER = "register the aggregator"
@@ -83,6 +86,7 @@ class GroupEvent(StrEnum):
     LEAVE = "leave"
     LOST = "lost"
     AGGREGATORS_CHANGED = "aggregators_changed"
+    REPORTED = "reported"
     COMPLETE = "complete"
     EMPTY = "empty"
     PLANNED = "planned"
@@ -123,6 +127,7 @@ PEER_TABLE: TransitionTable[PeerState, PeerEvent, PeerAction] = TransitionTable(
         _P.ENDPOINT: {
             PeerEvent.JOIN_REQUEST: Move(_P.ENDPOINT, _PA.JOIN),
             PeerEvent.LEAVE: Move(_P.ENDPOINT, _PA.LEAVE),
+            PeerEvent.REPORT: Move(_P.ENDPOINT, _PA.REPORT),
             PeerEvent.HEARTBEAT: Move(_P.ENDPOINT, _PA.ECHO),
             PeerEvent.ERROR: Move(_P.ENDPOINT, _PA.NOTE),
             **_GONE,
@@ -160,6 +165,8 @@ GROUP_TABLE: TransitionTable[GroupState, GroupEvent, GroupAction] = TransitionTa
         },
         _G.ACTIVE: {
             **dict.fromkeys(_CHANGES, Move(_G.PLANNING, _GA.REPLAN)),
+            # a member reported the tree: only a group with a tree can be reported
+            GroupEvent.REPORTED: Move(_G.PLANNING, _GA.REPLAN),
             GroupEvent.EMPTY: Move(_G.CLOSED, _GA.END),
         },
         _G.WAITING: {

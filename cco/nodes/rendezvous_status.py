@@ -33,6 +33,8 @@ class GroupStatus:
     params: GroupParams
     members: tuple[MemberStatus, ...]
     tree: TreePlan | None
+    excluded: tuple[str, ...] = ()
+    """Aggregators that members' Reports took out of the group's trees, oldest first."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +82,7 @@ def snapshot(
                 for _, m in sorted(g.members.items())
             ),
             tree=g.plan,
+            excluded=tuple(g.excluded),
         )
         for _, g in sorted(groups.items())
     )

@@ -13,7 +13,8 @@ appears; its members are told at once, by an EpochChange with code NO_AGGREGATOR
 waiting and the trees each aggregator is in are indexed, so a join or a re-plan
 visits the waiting groups only, never every group.  An aggregator is placed in a
 group's tree only if it accepts the group's chunk_elements and lists every dtype,
-op and collective that all the group's members list.  Groups move along
+op and collective that all the group's members list, and no member's Report
+excluded it from the group's trees (:mod:`cco.nodes.rendezvous_reports`).  Groups move along
 :data:`~cco.nodes.rendezvous_states.GROUP_TABLE` and do what its moves name.
 """
 
@@ -143,6 +144,7 @@ class Trees:
             case GroupAction.REOPEN:
                 group.epoch += 1
                 group.change_code = ErrorCode.NO_ERROR
+                group.excluded.clear()  # a reopened group starts afresh, with a new secret
             case GroupAction.FORGET:
                 pass
 
@@ -265,6 +267,8 @@ class Trees:
         own = group.plan.aggregator_ids if group.plan is not None else frozenset()
         pool = []
         for node_id, registration in sorted(self.registrations.items()):
+            if node_id in group.excluded:
+                continue
             info, capabilities = registration.info, registration.capabilities
             limit = chunk_elements_limit(capabilities, group.world_size, params.block_elements)
             if limit < params.chunk_elements:
@@ -307,6 +311,15 @@ class Trees:
             group = self.groups[group_id]
             if group.state is GroupState.WAITING:  # an earlier one's tree may have moved it
                 self.group_event(group, GroupEvent.AGGREGATORS_CHANGED, out)
+
+    def reported(self, group: GroupRecord, out: list[Command]) -> None:
+        """A member's Report excluded aggregators of the group's tree: a new epoch,
+        announced VERIFICATION_FAILED so that every member fails what went through the
+        reported tree alike, then a tree without them, or (no tree fitting) the
+        NO_AGGREGATOR epoch of a waiting group; the capacity it frees goes to waiting
+        groups."""
+        self.group_event(group, GroupEvent.REPORTED, out, ErrorCode.VERIFICATION_FAILED)
+        self.retry_waiting(out)
 
     def aggregators_changed(self, out: list[Command], lost: str | None) -> None:
         """Re-plan after an aggregator arrived (``lost`` None) or was lost.

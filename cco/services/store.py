@@ -28,6 +28,12 @@ capabilities in their wire form)::
             capabilities BLOB NULL; PK (group_id, rank))
     aggregators(node_id TEXT PK, host TEXT, port, capacity, max_fan_in, labels BLOB,
                 capabilities BLOB NULL)
+    exclusions(group_id BLOB, position, node_id TEXT; PK (group_id, position))
+
+An exclusion is an aggregator a member's Report took out of a group's trees
+(:mod:`cco.nodes.rendezvous_reports`), ``position`` 0 the oldest.  A store of schema
+version 1, which predates them, is brought to version 2 when it is opened: the
+table is added, empty.
 
 The file holds group credentials and secrets: it is created readable by its owner
 only, in a directory of its owner's.  The connection holds SQLite's exclusive lock
@@ -57,11 +63,15 @@ from cco.wire.messages import Address, Capabilities, GroupParams, NodeRef
 
 MEMORY = ":memory:"
 """The store path that keeps nothing across a restart."""
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 APPLICATION_ID = 0x43434F52
 """``PRAGMA application_id`` of a rendezvous store ("CCOR"), so that a foreign SQLite
 file is recognised as such instead of being read as an empty store."""
 
+_EXCLUSIONS = """CREATE TABLE exclusions (
+    group_id BLOB NOT NULL, position INTEGER NOT NULL, node_id TEXT NOT NULL,
+    PRIMARY KEY (group_id, position)) STRICT"""
+"""The table schema version 2 added to version 1."""
 _SCHEMA = (
     """CREATE TABLE groups (
         group_id BLOB PRIMARY KEY, world_size INTEGER NOT NULL, credential BLOB NOT NULL,
@@ -76,8 +86,14 @@ _SCHEMA = (
         node_id TEXT PRIMARY KEY, host TEXT NOT NULL, port INTEGER NOT NULL,
         capacity INTEGER NOT NULL, max_fan_in INTEGER NOT NULL, labels BLOB NOT NULL,
         capabilities BLOB) STRICT""",
+    _EXCLUSIONS,
 )
-_TABLES = {"groups": ("group_id",), "members": ("group_id", "rank"), "aggregators": ("node_id",)}
+_TABLES = {
+    "groups": ("group_id",),
+    "members": ("group_id", "rank"),
+    "aggregators": ("node_id",),
+    "exclusions": ("group_id", "position"),
+}
 
 Row = tuple[Any, ...]
 
@@ -134,6 +150,12 @@ class RendezvousStore:
             db.execute("COMMIT")
         elif application_id != APPLICATION_ID:
             raise StoreError(self.path, f"not a CCO rendezvous store (application_id {application_id:#x})")
+        elif version == 1 and tables == set(_TABLES) - {"exclusions"}:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("BEGIN IMMEDIATE")  # takes the lock now, held until close()
+            db.execute(_EXCLUSIONS)
+            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            db.execute("COMMIT")
         elif version != SCHEMA_VERSION:
             raise StoreError(
                 self.path, f"schema version {version}; this build reads version {SCHEMA_VERSION}"
@@ -228,6 +250,8 @@ class RendezvousStore:
                     _labels_blob(m.labels),
                     _capabilities_blob(m.capabilities),
                 )
+            for position, node_id in enumerate(g.excluded):
+                rows["exclusions"][(g.group_id, position)] = (g.group_id, position, node_id)
         for a in state.aggregators:
             info = a.info
             rows["aggregators"][(info.node_id,)] = (
@@ -341,6 +365,9 @@ def _state_from_rows(rows: dict[str, dict[Row, Row]]) -> DurableState:
                 rank, node_id, _labels(labels), _capabilities(capabilities), MemberState(state), epoch
             )
         )
+    excluded: dict[bytes, list[str]] = {}
+    for group_id, _, node_id in sorted(rows["exclusions"].values()):
+        excluded.setdefault(group_id, []).append(node_id)
     groups = tuple(
         DurableGroup(
             group_id=group_id,
@@ -354,6 +381,7 @@ def _state_from_rows(rows: dict[str, dict[Row, Row]]) -> DurableState:
             change_code=ErrorCode(change_code),
             members=tuple(members.pop(group_id, [])),
             plan=_tree(tree),
+            excluded=tuple(excluded.pop(group_id, [])),
         )
         for (
             group_id,
@@ -368,8 +396,9 @@ def _state_from_rows(rows: dict[str, dict[Row, Row]]) -> DurableState:
             tree,
         ) in (sorted(rows["groups"].values()))
     )
-    if members:
-        raise ValueError(f"members of groups that are not stored: {sorted(g.hex() for g in members)}")
+    if members or excluded:
+        strays = sorted(g.hex() for g in {*members, *excluded})
+        raise ValueError(f"members or exclusions of groups that are not stored: {strays}")
     aggregators = tuple(
         DurableAggregator(
             AggregatorInfo(node_id, Address(host=host, port=port), capacity, max_fan_in, _labels(labels)),

@@ -68,7 +68,7 @@ _RANK = UInt(maximum=MAX_WORLD_SIZE - 1)
 _WORLD_SIZE = UInt(minimum=1, maximum=MAX_WORLD_SIZE)
 _RANK_BITMAP = Bitmap(max_len=MAX_WORLD_SIZE // 8)
 MAX_DETAIL = 1024
-"""Bytes of UTF-8 in a detail text (Error, JoinReject, Abort); see :func:`clip_detail`."""
+"""Bytes of UTF-8 in a detail text (Error, JoinReject, Report, Abort); see :func:`clip_detail`."""
 _DETAIL = Text(max_len=MAX_DETAIL)
 _LABELS = ListOf(Text(min_len=1, max_len=64), max_items=16)
 _U32 = UInt(maximum=(1 << 32) - 1)
@@ -406,6 +406,31 @@ class EpochChange(Message):
     code: ErrorCode = wire(4, Enum(ErrorCode))
 
 
+REPORT_CODES = (ErrorCode.VERIFICATION_FAILED, ErrorCode.OPERATION_MISMATCH)
+"""The codes a Report may carry: what an endpoint can find wrong with the data its
+parent delivered, a tag or check that fails, or a Result that is not of the
+operation it claims to be (draft section "Report")."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Report(Message):
+    """An endpoint tells the rendezvous that data its parent delivered failed
+    verification, so that the group continues in a tree without that path."""
+
+    TYPE: ClassVar[MessageType] = MessageType.REPORT
+    group_id: bytes = wire(1, _GROUP_ID)
+    epoch: int = wire(2, _U64)
+    op_id: int = wire(3, _U64)
+    code: ErrorCode = wire(4, Enum(ErrorCode))
+    parent: str = wire(5, _NODE_ID)
+    detail: str = wire(6, _DETAIL)
+
+    def validate(self, where: str, encoding: bool) -> None:
+        if self.code not in REPORT_CODES:
+            allowed = ", ".join(code.name for code in REPORT_CODES)
+            raise invalid(where, f"code {self.code.name} is not one a Report carries ({allowed})", encoding)
+
+
 def highest_rank(bitmap: bytes) -> int:
     """The largest rank set in a non-empty deterministic bitmap (its last byte is non-zero)."""
     return (len(bitmap) - 1) * 8 + bitmap[-1].bit_length() - 1
@@ -664,6 +689,7 @@ MESSAGE_CLASSES: dict[MessageType, type[Message]] = {
         AggregatorAccept,
         TreeAssignment,
         EpochChange,
+        Report,
         Contribution,
         PartialAggregate,
         Result,

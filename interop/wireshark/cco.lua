@@ -35,6 +35,7 @@ local ENUMS = {
     [21] = "aggregator_accept",
     [22] = "tree_assignment",
     [23] = "epoch_change",
+    [24] = "report",
     [32] = "contribution",
     [33] = "partial_aggregate",
     [34] = "result",
@@ -196,6 +197,14 @@ local MESSAGES = {
       [2] = {name = "epoch", value = {kind = "uint"}},
       [3] = {name = "members", value = {kind = "bitmap"}},
       [4] = {name = "code", value = {kind = "enum", enum = "error_code"}},
+  }},
+  [24] = {name = "report", fields = {
+      [1] = {name = "group_id", value = {kind = "bytes"}},
+      [2] = {name = "epoch", value = {kind = "uint"}},
+      [3] = {name = "op_id", value = {kind = "uint"}},
+      [4] = {name = "code", value = {kind = "enum", enum = "error_code"}},
+      [5] = {name = "parent", value = {kind = "text"}},
+      [6] = {name = "detail", value = {kind = "text"}},
   }},
   [32] = {name = "contribution", fields = {
       [1] = {name = "group_id", value = {kind = "bytes"}},

@@ -100,3 +100,15 @@ def test_the_odd_calls_are_tampered_and_fail_verification(attack: str) -> None:
             assert not all(verified(m) for m in results), (attack, op_id)
         else:
             assert all(verified(m) for m in results), (attack, op_id)
+
+
+def test_a_target_shorter_than_a_group_id_attacks_every_group_it_begins() -> None:
+    """The live trials form a group per trial: one prefix names them all."""
+    log = io.StringIO()
+    machine = TamperingMachine(Combiner(), "change-element", frozenset({GROUP[:1]}), seed=3, log=log)
+    other_keys = derive_group_keys(b"\x11" * 32, OTHER)
+    for command in run_call(machine, OTHER, 1):  # another first byte: honest
+        open_verified(other_keys, command.message, EVERYONE)
+    tampered = run_call(machine, GROUP, 1)
+    assert tampered and not any(verified(c.message) for c in tampered)
+    assert {json.loads(line)["group"] for line in log.getvalue().splitlines()} == {GROUP.hex()}

@@ -43,6 +43,7 @@ from cco.wire.messages import (
     JoinRequest,
     Leave,
     Message,
+    Report,
 )
 from cco.wire.registries import Role
 
@@ -167,6 +168,21 @@ def _input_strategies(peer: str) -> dict[str, st.SearchStrategy[Input]]:
         lambda rank, code: MessageReceived(peer, Leave(group_id=GID, rank=rank, code=code)),
         st.integers(0, 4),
         st.sampled_from(list(ErrorCode)),
+    )
+    kinds["Report(near)"] = st.builds(
+        lambda epoch, parent: MessageReceived(
+            peer,
+            Report(
+                group_id=GID,
+                epoch=epoch,
+                op_id=0,
+                code=ErrorCode.VERIFICATION_FAILED,
+                parent=parent,
+                detail="",
+            ),
+        ),
+        st.integers(0, 3),
+        st.sampled_from(["agg-0", "p", "elsewhere"]),
     )
     kinds["malformed"] = st.sampled_from(list(ErrorCode)).map(
         lambda code: MessageMalformed(peer, DecodeError(code, "x" * 2000))
@@ -301,6 +317,38 @@ class RendezvousChurn(RuleBasedStateMachine):
         self.h.feed(
             PeerDisconnected(data.draw(st.sampled_from(self._live(Role.ENDPOINT))), ErrorCode.PEER_LOST)
         )
+
+    @precondition(lambda self: self._live(Role.ENDPOINT))
+    @rule(data=st.data(), stale=st.booleans())
+    def report(self, data: st.DataObject, stale: bool) -> None:
+        """A member reports its tree (or, ``stale``, the epoch before)."""
+        reporters = [
+            (m.node_id, g, m.rank)
+            for g in self.h.rv.status().groups
+            if g.tree is not None
+            for m in g.members
+            if m.connected
+        ]
+        if reporters:
+            peer, group, rank = data.draw(st.sampled_from(reporters))
+            assert group.tree is not None
+            report = Report(
+                group_id=group.group_id,
+                epoch=group.epoch - stale,
+                op_id=0,
+                code=ErrorCode.VERIFICATION_FAILED,
+                parent=group.tree.parent_of(rank).node_id,
+                detail="",
+            )
+            cmds = self.h.send(peer, report)
+            after = self.h.group(group.group_id)
+            if stale:
+                assert after.epoch == group.epoch, "a stale Report changes nothing"
+                assert any(isinstance(m, Error) for m in sent_to(cmds, peer))
+            else:
+                # one new epoch, and one more when no tree fits without the reported path
+                assert after.epoch == group.epoch + (1 if after.tree is not None else 2)
+                assert group.tree.parent_of(rank).node_id in after.excluded
 
     @rule(seconds=st.floats(0.1, 2.5), data=st.data())
     def time_passes(self, seconds: float, data: st.DataObject) -> None:

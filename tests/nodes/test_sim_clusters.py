@@ -26,7 +26,7 @@ from cco.nodes.calls import CollectiveRequest, OperationError
 from cco.nodes.endpoint import EndpointMachine
 from cco.nodes.endpoint_states import SessionState
 from cco.nodes.events import Command, Input, OperationCompleted, OperationFailed, SendMessage
-from cco.nodes.rendezvous import FALLBACK_LABEL
+from cco.nodes.rendezvous import FALLBACK_LABEL, RendezvousMachine
 from cco.nodes.sim import Deployment, GroupSpec, build_cluster, sim_address
 from cco.wire import payload
 from cco.wire.dtypes import ELEMENT_TYPES, round_to_bfloat16
@@ -339,6 +339,46 @@ def test_a_tampered_aggregate_fails_verification_everywhere() -> None:
         assert isinstance(outcome, OperationFailed)
         assert outcome.error.code is ErrorCode.VERIFICATION_FAILED
         assert GROUP.hex() in str(outcome.error)
+
+
+def test_after_a_tampered_aggregate_the_group_goes_on_exactly_without_that_path() -> None:
+    """Six aggregators: after the first Report takes the tampering root and one leaf
+    out of the group's trees, four remain for a new tree.  Every rank fails the
+    tampered all-reduce with VERIFICATION_FAILED, whether it judged the Result itself
+    or learnt of the new epoch first, and the next all-reduce is exact on every rank."""
+    tampers: dict[str, Tamper] = {}
+
+    def wrap(node_id: str, machine: AggregatorMachine) -> Tamper:
+        tampers[node_id] = Tamper(machine)
+        return tampers[node_id]
+
+    d = build_cluster(
+        [GroupSpec(GROUP, WORLD)], aggregators=6, params=PARAMS, max_fan_in=4, seed=6, wrap=wrap
+    )
+    rendezvous = d.cluster.nodes[d.rendezvous].machine
+    assert isinstance(rendezvous, RendezvousMachine)
+    (group,) = rendezvous.status().groups
+    assert group.tree is not None
+    root = group.tree.root.node_id
+    tampers[root].active = True
+    for call in range(2):
+        data = inputs(DType.INT32, 9, 40 + call)
+        want = sum(data[r].astype(np.int64) for r in range(WORLD))
+        results = d.collective(
+            GROUP, {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=data[r]) for r in range(WORLD)}
+        )
+        assert len(results) == WORLD
+        for outcome in results.values():
+            if isinstance(outcome, OperationFailed):
+                assert call == 0 and outcome.error.code is ErrorCode.VERIFICATION_FAILED, outcome.error
+            else:
+                assert isinstance(outcome, OperationCompleted) and outcome.result is not None
+                assert np.array_equal(outcome.result.astype(np.int64), want)
+        if call == 0:
+            assert d.cluster.run(lambda: d.ready(GROUP), duration=30.0)
+    assert all(d.endpoint(GROUP, r).epoch == 2 for r in range(WORLD))
+    (group,) = rendezvous.status().groups
+    assert root in group.excluded and group.tree is not None and root not in group.tree.aggregator_ids
 
 
 def test_two_groups_on_shared_aggregators_are_independent() -> None:

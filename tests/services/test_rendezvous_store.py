@@ -39,8 +39,8 @@ from cco.wire.registries import Collective, DType, ReduceOp, Role
 
 
 def a_state() -> DurableState:
-    """A state with everything in it: groups with trees, members, registrations, and
-    capabilities on members and aggregators."""
+    """A state with everything in it: groups with trees, members, registrations,
+    capabilities on members and aggregators, and aggregators excluded by Reports."""
     h = formed(aggregators=3)
     caps = Capabilities(
         dtypes=(DType.INT32,),
@@ -55,7 +55,7 @@ def a_state() -> DurableState:
     members = (dataclasses.replace(group.members[0], capabilities=caps), *group.members[1:])
     aggregator = dataclasses.replace(state.aggregators[0], capabilities=caps)
     return DurableState(
-        groups=(dataclasses.replace(group, members=members),),
+        groups=(dataclasses.replace(group, members=members, excluded=("gone-2", "gone-1")),),
         aggregators=(aggregator, *state.aggregators[1:]),
     )
 
@@ -208,6 +208,28 @@ def test_a_foreign_sqlite_file_and_a_newer_schema_are_refused(tmp_path: Path) ->
     db.close()
     with pytest.raises(StoreError, match=f"schema version {SCHEMA_VERSION + 1}"):
         RendezvousStore(newer)
+
+
+def test_a_version_1_store_gains_the_exclusions_table_and_keeps_its_groups(tmp_path: Path) -> None:
+    path = tmp_path / "rv.sqlite3"
+    state = a_state()
+    old = dataclasses.replace(state, groups=tuple(dataclasses.replace(g, excluded=()) for g in state.groups))
+    store = RendezvousStore(path)
+    store.save(old)
+    store.close()
+    db = sqlite3.connect(path)
+    db.execute("DROP TABLE exclusions")
+    db.execute("PRAGMA user_version=1")
+    db.commit()
+    db.close()
+    store = RendezvousStore(path)
+    assert store.schema_version == SCHEMA_VERSION == 2
+    assert store.load() == old
+    store.save(state)
+    store.close()
+    again = RendezvousStore(path)
+    assert again.load() == state
+    again.close()
 
 
 def test_a_corrupt_row_is_refused_at_load(tmp_path: Path) -> None:

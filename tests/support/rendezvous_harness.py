@@ -183,6 +183,7 @@ class Harness:
                 assert all(m.state is MemberState.JOINED for m in g.members)
                 continue
             assert g.state is GroupState.ACTIVE
+            assert not g.tree.aggregator_ids & set(g.excluded), "an excluded aggregator in the tree"
             self._check_tree(g)
             for node_id in g.tree.aggregator_ids:
                 use[node_id] = use.get(node_id, 0) + 1
@@ -194,6 +195,7 @@ class Harness:
                 pool = [
                     AggregatorInfo(a.node_id, a.address, a.capacity - len(a.groups), a.max_fan_in, a.labels)
                     for a in status.aggregators
+                    if a.node_id not in g.excluded
                 ]
                 members = {m.rank: MemberInfo(m.node_id, m.labels) for m in g.members}
                 with pytest.raises(CcoError):

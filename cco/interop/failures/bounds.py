@@ -61,6 +61,8 @@ _BOUNDS = (
     _Bound("node-id-empty", "aggregator-accept", "node_id", "below"),
     _Bound("node-id-long", "aggregator-accept", "node_id", "above"),
     _Bound("node-id-long-utf8", "aggregator-accept", "node_id", "utf8"),
+    _Bound("report-parent-empty", "report", "parent", "below"),
+    _Bound("report-detail-long", "report", "detail", "above"),
     _Bound("detail-long", "error-without-type", "detail", "above"),
     _Bound("label-empty", "join-request-any-rank", "labels[0]", "below"),
     _Bound("versions-empty", "hello-endpoint", "versions", "below"),

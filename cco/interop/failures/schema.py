@@ -256,6 +256,22 @@ def enum_failures() -> list[Failure]:
             12,
         ),
         f("error-code-negative", "leave", "code is -1.", "set code (key 3) to -1", (3,), -1),
+        f(
+            "report-code-not-verification",
+            "report",
+            "code is 0x31 (PEER_LOST), a registered code that a Report does not carry.",
+            "set code (key 4) to 49",
+            (4,),
+            49,
+        ),
+        f(
+            "report-code-unassigned",
+            "report",
+            "code is 12, unassigned in the error registry.",
+            "set code (key 4) to 12",
+            (4,),
+            12,
+        ),
     ]
 
 

@@ -17,6 +17,7 @@ from cco.wire.messages import (
     JoinReject,
     JoinRequest,
     Leave,
+    Report,
 )
 from cco.wire.registries import GROUP_SECRET_SIZE, MAX_WORLD_SIZE
 
@@ -91,6 +92,45 @@ def membership_samples() -> list[Sample]:
             "leave-max-rank",
             "The rendezvous removes rank 2^16-1 after it stopped responding.",
             Leave(group_id=group_id("large"), rank=MAX_WORLD_SIZE - 1, code=ErrorCode.PEER_LOST),
+        ),
+        Sample(
+            "report",
+            "An endpoint reports that the Result of operation 12 in epoch 3, delivered by agg-7, "
+            "failed verification.",
+            Report(
+                group_id=group_id("training"),
+                epoch=3,
+                op_id=12,
+                code=ErrorCode.VERIFICATION_FAILED,
+                parent="agg-7",
+                detail="chunk 0: the tag does not verify",
+            ),
+        ),
+        Sample(
+            "report-operation-mismatch",
+            "An endpoint reports a Result, delivered by agg-7, whose header is not that of "
+            "operation 13 to which it contributed.",
+            Report(
+                group_id=group_id("training"),
+                epoch=3,
+                op_id=13,
+                code=ErrorCode.OPERATION_MISMATCH,
+                parent="agg-7",
+                detail="chunk 0: Result of another length",
+            ),
+        ),
+        Sample(
+            "report-bounds",
+            "A Report at the largest epoch and op_id, with the longest parent node_id (255 bytes "
+            "of UTF-8) and an empty detail.",
+            Report(
+                group_id=group_id("large"),
+                epoch=U64_MAX,
+                op_id=U64_MAX,
+                code=ErrorCode.VERIFICATION_FAILED,
+                parent=NODE_ID_MAX,
+                detail="",
+            ),
         ),
         Sample(
             "aggregator-register",

@@ -2,9 +2,12 @@
 bullet): a short version of benchmarks/bench_hostile.py's 200 trials per attack.
 
 Each attack of :mod:`cco.interop.hostile` runs live on loopback
-(benchmarks/support/tamper_trials.py): every call the aggregator tampered with must
-fail on every rank with a typed error, no rank may get data from it, and every honest
-call between them must return the exact (for floats: bit-identical) result.
+(benchmarks/support/tamper_trials.py), each trial in a group of its own formed on the
+malicious aggregator, an honest one beside it: every call the aggregator tampered
+with must fail on every rank with a typed error, no rank may get data from it, every
+honest call between them must return the exact (for floats: bit-identical) result,
+and after each tampering the group must go on without the malicious aggregator, its
+next call exact.
 """
 
 from __future__ import annotations
@@ -31,3 +34,4 @@ def test_every_tampered_call_fails_on_every_rank(attack: str, tmp_path: Path) ->
     assert trials.detected == trials.tampered_calls, trials.undetected
     assert not trials.undetected, trials.undetected
     assert not trials.honest_refused, trials.honest_refused
+    assert trials.continued == trials.tampered_calls, trials.stuck
