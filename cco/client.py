@@ -44,6 +44,7 @@ from cco.services.node import NodeService, Redialer
 from cco.services.polling import event_loop_factory
 from cco.transport import TransportConfig
 from cco.transport.certs import is_valid_node_id
+from cco.wire import kernels
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.messages import Address
 from cco.wire.registries import GROUP_ID_SIZE, MAX_WORLD_SIZE, Collective, ReduceOp, Role
@@ -259,11 +260,23 @@ class Communicator:
         transport: TransportConfig,
         timeout: float = DEFAULT_JOIN_TIMEOUT,
         fallback: FallbackAggregator | None = None,
+        *,
+        preload: bool = True,
     ) -> Communicator:
         """Connect to the rendezvous, join the group and wait until the tree is ready;
         with ``fallback``, also run an aggregator for the group (see
         :class:`FallbackAggregator`).  Without ``spec.rank``, the rank is
-        :func:`default_rank`'s."""
+        :func:`default_rank`'s.
+
+        With ``preload`` (the default) the compiled loops (:mod:`cco.wire.kernels`,
+        where numba is installed) are loaded first, on a worker thread, before this
+        member's session exists: loaded by its first large chunk instead, numba's
+        import and compilation would hold the event loop, and with it the heartbeats,
+        for seconds on a busy host.  On the worker thread, other sessions on this loop
+        keep being served meanwhile.  A process whose collectives all move a few
+        elements, and would rather not carry numba's memory, passes False."""
+        if preload:
+            await asyncio.get_running_loop().run_in_executor(None, kernels.preload)
         rank = spec.rank if spec.rank is not None else default_rank(node_id, spec.world_size)
         machine = EndpointMachine(
             EndpointConfig(
@@ -728,10 +741,12 @@ class BlockingCommunicator:
         timeout: float = DEFAULT_JOIN_TIMEOUT,
         *,
         busy_poll_us: int = 0,
+        preload: bool = True,
     ) -> None:
         """``busy_poll_us``: how long the session's loop keeps polling for datagrams
         before it sleeps (:mod:`cco.services.polling`): shorter small collectives
-        where waking a sleeping thread is slow, for that much CPU after each."""
+        where waking a sleeping thread is slow, for that much CPU after each.
+        ``preload``: as for :meth:`Communicator.join`."""
         self._loop = event_loop_factory(busy_poll_us)()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"cco-{node_id}", daemon=True)
         self._lock = threading.Lock()
@@ -739,7 +754,9 @@ class BlockingCommunicator:
         self._calls: set[concurrent.futures.Future[Any]] = set()  # submitted and not yet done
         self._thread.start()
         try:
-            self._comm: Communicator = self._call(Communicator.join(spec, node_id, transport, timeout))
+            self._comm: Communicator = self._call(
+                Communicator.join(spec, node_id, transport, timeout, preload=preload)
+            )
         except BaseException:
             self._closed = True
             self._stop()
