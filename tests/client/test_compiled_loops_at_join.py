@@ -28,8 +28,8 @@ from cco.wire import kernels
 RANKS = Path(__file__).resolve().parent / "first_collective_rank.py"
 STALL_BOUND = 0.2
 """CPU seconds: well under the heartbeat interval (1 s) and under what importing numba
-holds a thread for (0.35 s, compiling the loops 2 s more, on the 2-core host of
-BENCHMARKS.md); a float32 all-reduce's own steps on the loop take milliseconds."""
+and loading its loops holds a thread for (the contrast in the test measures it); a
+float32 all-reduce's own steps on the loop take milliseconds."""
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("numba") is None, reason="numba is not installed (pip install 'cco[fast]')"
