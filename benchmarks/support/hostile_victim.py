@@ -59,6 +59,15 @@ def join_all(spec: GroupSpec, names: list[str], pki: Path, timeout: float) -> li
         return [f.result(timeout + 5) for f in futures]
 
 
+def close_all(comms: list[BlockingCommunicator]) -> None:
+    """Close every rank at once: closing is collective (each rank waits at a barrier
+    for the others), so ranks closed one after another from one thread would each
+    wait for the next until the barrier timed out."""
+    if comms:
+        with concurrent.futures.ThreadPoolExecutor(len(comms)) as pool:
+            list(pool.map(lambda comm: comm.close(), comms))
+
+
 def _spec_fields(spec: GroupSpec) -> dict[str, Any]:
     return {name: getattr(spec, name) for name in spec.__dataclass_fields__}
 
@@ -102,8 +111,7 @@ def victim(args: argparse.Namespace, out: TextIO) -> int:
                 time.sleep(0.05)  # a failing session fails at once: do not spin
             round_ += 1
     finally:
-        for comm in comms:
-            comm.close()
+        close_all(comms)
     return 0
 
 
@@ -130,8 +138,7 @@ def newgroup(args: argparse.Namespace, out: TextIO) -> int:
     except (CcoError, concurrent.futures.TimeoutError, OSError) as error:
         line["error"] = str(error)[:300]
     finally:
-        for comm in comms:
-            comm.close()
+        close_all(comms)
     out.write(json.dumps(line) + "\n")
     out.flush()
     return 0

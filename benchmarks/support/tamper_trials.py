@@ -37,7 +37,7 @@ from typing import IO, Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hostile_victim import join_all
+from hostile_victim import close_all, join_all
 
 from cco.client import BlockingCommunicator, GroupSpec
 from cco.interop.hostile import ATTACKS, SCALE_ATTACKS
@@ -279,8 +279,7 @@ def run_trials(attack: str, trials: int, workdir: Path, seed: int = 41) -> Trial
         for form, calls in results.items():
             _judge(outcome, calls, [line for line in log if line["group"] == GROUPS[form].hex()])
     finally:
-        for comm in comms:
-            comm.close()
+        close_all(comms)
         nodes.close()
         logging.getLogger("cco").removeHandler(handler)
         handler.close()
