@@ -585,6 +585,7 @@ class CcoCluster:
 
     def start(self, timeout: float = 60.0) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.pki, ignore_errors=True)  # a new CA per cluster: reusing a work dir is no mistake
         nodes = ["rendezvous:rendezvous", "agg-0:aggregator"]
         _run([sys.executable, "-m", "cco.cli", "certs", "--dir", str(self.pki), *nodes], cwd=self.workdir)
         hub = self.star.hub_ns if self.star is not None else None
