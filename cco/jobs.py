@@ -105,7 +105,8 @@ async def run_endpoint(cfg: NodeConfig) -> int:
     )
     stop = stop_event()
     transport = transport_config(cfg)
-    comm = await Communicator.join(spec, cfg.require("node_id"), transport)
+    # cco.launch has loaded the compiled loops if this workload's chunks run them
+    comm = await Communicator.join(spec, cfg.require("node_id"), transport, preload=False)
     log.info(
         "%s joined as rank %d of %d (QUIC %s)",
         cfg.node_id,

@@ -63,10 +63,12 @@ class BlockingCommunicator:
         timeout: float = DEFAULT_JOIN_TIMEOUT,
         *,
         busy_poll_us: int = 0,
+        preload: bool = True,
     ) -> None:
         """``busy_poll_us``: how long the session's loop keeps polling for datagrams
         before it sleeps (:mod:`cco.services.polling`): shorter small collectives
-        where waking a sleeping thread is slow, for that much CPU after each."""
+        where waking a sleeping thread is slow, for that much CPU after each.
+        ``preload``: as for :meth:`Communicator.join`."""
         self._loop = event_loop_factory(busy_poll_us)()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"cco-{node_id}", daemon=True)
         self._lock = threading.Lock()
@@ -74,7 +76,9 @@ class BlockingCommunicator:
         self._calls: set[concurrent.futures.Future[Any]] = set()  # submitted and not yet done
         self._thread.start()
         try:
-            self._comm: Communicator = self._call(Communicator.join(spec, node_id, transport, timeout))
+            self._comm: Communicator = self._call(
+                Communicator.join(spec, node_id, transport, timeout, preload=preload)
+            )
         except BaseException:
             self._closed = True
             self._stop()

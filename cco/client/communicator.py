@@ -36,6 +36,7 @@ from cco.nodes.operation import Quorum
 from cco.nodes.rendezvous import FALLBACK_LABEL
 from cco.services.node import NodeService, Redialer
 from cco.transport import TransportConfig
+from cco.wire import kernels
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.messages import Address
 from cco.wire.registries import Collective, ReduceOp, Role
@@ -78,11 +79,23 @@ class Communicator:
         transport: TransportConfig,
         timeout: float = DEFAULT_JOIN_TIMEOUT,
         fallback: FallbackAggregator | None = None,
+        *,
+        preload: bool = True,
     ) -> Communicator:
         """Connect to the rendezvous, join the group and wait until the tree is ready;
         with ``fallback``, also run an aggregator for the group (see
         :class:`FallbackAggregator`).  Without ``spec.rank``, the rank is
-        :func:`default_rank`'s."""
+        :func:`default_rank`'s.
+
+        With ``preload`` (the default) the compiled loops (:mod:`cco.wire.kernels`,
+        where numba is installed) are loaded first, on a worker thread, before this
+        member's session exists: loaded by its first large chunk instead, numba's
+        import and compilation would hold the event loop, and with it the heartbeats,
+        for seconds on a busy host.  On the worker thread, other sessions on this loop
+        keep being served meanwhile.  A process whose collectives all move a few
+        elements, and would rather not carry numba's memory, passes False."""
+        if preload:
+            await asyncio.get_running_loop().run_in_executor(None, kernels.preload)
         rank = spec.rank if spec.rank is not None else default_rank(node_id, spec.world_size)
         machine = EndpointMachine(
             EndpointConfig(

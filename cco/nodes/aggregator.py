@@ -204,6 +204,8 @@ class AggregatorMachine:
         for group in self._groups.values():
             if group.parent.retry_at is not None:
                 earliest = earlier(earliest, group.parent.retry_at)
+            if group.owed is not None:
+                earliest = earlier(earliest, group.owed.until)
             if group.slots.open:
                 earliest = group.slots.deadline(earliest)
         return earliest
@@ -272,6 +274,8 @@ class AggregatorMachine:
         if group_id is None:
             return []
         group = self._groups[group_id]
+        if group.owed is not None and group.owed.peer == peer:
+            group.owed = None  # what it owed is lost with it
         if group.parent.peer != peer:
             return []
         return group.event(GroupEvent.PARENT_LOST, now, detail=f"parent connection lost ({code.name})")
@@ -390,6 +394,9 @@ class AggregatorMachine:
         if info is None:
             return [refuse(peer, message, ErrorCode.UNAUTHORIZED, "peer is not identified")]
         group = self._groups.get(getattr(message, "group_id", b""))
+        if group is not None and group.owes(info.node_id, message):
+            assert isinstance(message, Result | BroadcastData | Abort)
+            return group.pass_owed(message)
         if group is not None and group.parent.reaches(info.node_id):
             # any connection authenticated as the parent node: a node may reach its
             # children over a connection they opened for another group
@@ -499,6 +506,7 @@ class AggregatorMachine:
             if group.parent.retry_due(now):
                 out += group.event(GroupEvent.PARENT_RETRY, now)
             out += group.slots.on_timer(now)
+            out += group.expire_owed(now)
         return out
 
 

@@ -21,7 +21,7 @@ from cco.nodes.aggregator_config import AggregatorConfig
 from cco.nodes.aggregator_pending import Pending, payload_size
 from cco.nodes.aggregator_slots import GroupSlots, SlotKey
 from cco.nodes.aggregator_states import GROUP_TABLE, GroupAction, GroupEvent, GroupState
-from cco.nodes.events import Command, PeerId, SendMessage
+from cco.nodes.events import ClosePeer, Command, PeerId, SendMessage
 from cco.nodes.parent import Dials, ParentLink
 from cco.wire.errors import ErrorCode
 from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap
@@ -30,6 +30,7 @@ from cco.wire.messages import (
     BroadcastData,
     ChunkMessage,
     EpochChange,
+    Message,
     PartialAggregate,
     Result,
     TreeAssignment,
@@ -51,6 +52,22 @@ class Usage:
         self.slots += delta
         if self.slots > self.peak_slots:
             self.peak_slots = self.slots
+
+
+@dataclass(frozen=True, slots=True)
+class Owed:
+    """The tree of an epoch that ended with NO_ERROR (members left on purpose, or a
+    re-plan): the Results, broadcast data and Aborts of that epoch still coming down
+    from its parent go on to its children until ``until`` (an operation timeout after
+    the change), over the parent connection kept open for them.  A member that left
+    right after its last collective had its result, so the root had sent every
+    Result of it; the other members, which keep such an operation, still need theirs."""
+
+    epoch: int
+    parent: str  # node id
+    peer: PeerId
+    children: frozenset[str]
+    until: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +107,7 @@ class AggregatorGroup:
         self.slots = GroupSlots(self)
         self.outbox: list[ChunkMessage | Abort] = []
         self.results: OrderedDict[SlotKey, Result] = OrderedDict()  # the last Results sent down
+        self.owed: Owed | None = None
 
     @property
     def window(self) -> int:
@@ -149,7 +167,7 @@ class AggregatorGroup:
             case GroupAction.END:
                 why = "the rendezvous did not assign this group again after it was lost"
                 out = self.abort_all(ErrorCode.PEER_LOST, why, None)
-                out += self._close_parent("the group ended here")
+                out += self._close_parent("the group ended here") + self._close_owed()
                 self._forget_results()
                 return out
         return []
@@ -165,12 +183,21 @@ class AggregatorGroup:
         self.children = {c.node_id: ranks_from_bitmap(c.ranks) for c in assignment.children}
         self.expected = ranks_from_bitmap(assignment.expected)
         if action is GroupAction.ROOT:
-            out += self._close_parent()
+            out += self._retire_parent()
             out += self._flush_outbox()
         elif action is GroupAction.DIAL:
-            out += self._close_parent()
+            out += self._retire_parent()
             out += self._dial_parent()
         return out
+
+    def _retire_parent(self) -> list[Command]:
+        """Leave the parent of the tree being replaced: close the connection, unless the
+        older tree still owes Results over it (:class:`Owed`)."""
+        owed = self.owed
+        if owed is not None and owed.peer == self.parent.peer:
+            self.parent.hand_over()  # stays open, and in parent_peers, until _close_owed
+            return []
+        return self._close_parent()
 
     def _close_parent(self, why: str = "parent changed") -> list[Command]:
         if self.parent.peer is not None:
@@ -187,6 +214,11 @@ class AggregatorGroup:
         lost = self.expected - ranks_from_bitmap(change.members)
         code = ErrorCode.PEER_LOST if change.code is ErrorCode.NO_ERROR else change.code
         out = self.abort_all(code, f"epoch changed to {change.epoch}", lost or None)
+        out += self._close_owed()
+        parent = self.parent
+        if change.code is ErrorCode.NO_ERROR and parent.up and parent.peer is not None and parent.node_id:
+            until = self.context.now + self.timeout
+            self.owed = Owed(self.epoch, parent.node_id, parent.peer, frozenset(self.children), until)
         self.epoch = change.epoch
         self.assignment = None
         self.parent.retry_at = None
@@ -197,6 +229,35 @@ class AggregatorGroup:
         """What this node remembers of the group's operations belongs to one epoch."""
         self.slots.forget()
         self._forget_results()
+
+    # --- what an older tree owes -------------------------------------------------------
+
+    def owes(self, node_id: str, message: Message) -> bool:
+        """Whether ``message``, from ``node_id``, comes down the older tree (:class:`Owed`)."""
+        owed = self.owed
+        return (
+            owed is not None
+            and node_id == owed.parent
+            and isinstance(message, Result | BroadcastData | Abort)
+            and message.epoch == owed.epoch
+        )
+
+    def pass_owed(self, message: ChunkMessage | Abort) -> list[Command]:
+        """Send what the older tree owes to its children that are still connected."""
+        assert self.owed is not None
+        node_peer = self.context.node_peer
+        return [SendMessage(node_peer[c], message) for c in sorted(self.owed.children) if c in node_peer]
+
+    def expire_owed(self, now: float) -> list[Command]:
+        owed = self.owed
+        return self._close_owed() if owed is not None and now >= owed.until else []
+
+    def _close_owed(self) -> list[Command]:
+        owed, self.owed = self.owed, None
+        if owed is None or owed.peer == self.parent.peer:
+            return []  # none, or the connection to the new tree's parent too
+        self.context.parent_peers.pop(owed.peer, None)
+        return [ClosePeer(owed.peer, ErrorCode.NO_ERROR, "the older tree's results are delivered")]
 
     # --- traffic --------------------------------------------------------------------
 

@@ -94,6 +94,16 @@ class _Joined:
     announced: bool = False  # Joined was reported (on the first parent connection)
 
 
+@dataclass(frozen=True, slots=True)
+class _Owing:
+    """The parent in an older epoch's tree, kept connected while operations kept through
+    a Leave wait for the results that tree still owes them (they are on their way down
+    it: closing the connection would drop them)."""
+
+    link: ParentLink
+    epoch: int
+
+
 class EndpointMachine:
     """One group membership: ``handle(event, now)``, ``start``, ``leave``, ``next_deadline``."""
 
@@ -105,6 +115,7 @@ class EndpointMachine:
         self._parent = ParentLink()
         self._dials = Dials()
         self._joined: _Joined | None = None
+        self._owing: _Owing | None = None
 
     # --- observation ----------------------------------------------------------
 
@@ -223,6 +234,7 @@ class EndpointMachine:
             out.append(SendMessage(rendezvous, leave))
         out += self._session.close(ErrorCode.NO_ERROR, "left the group")
         out += self._parent.close("left the group")
+        out += self._close_owing("left the group")
         self._session.forget_detachment()
         return out
 
@@ -250,6 +262,8 @@ class EndpointMachine:
             if event.peer == self._session.peer:
                 self._session.heard(now)
                 return self._on_rendezvous(event.message, now)
+            if self._owing is not None and event.peer == self._owing.link.peer:
+                return self._on_old_parent(event.message, now)
             return [refuse(event.peer, event.message, ErrorCode.UNAUTHORIZED, "not a peer of this session")]
         if isinstance(event, PeerConnected):
             return self._on_connected(event, now)
@@ -316,6 +330,9 @@ class EndpointMachine:
         if event.peer == self._session.peer:
             self._session.drop()
             return self._lose_rendezvous(f"rendezvous connection closed ({event.code.name})", now)
+        if self._owing is not None and event.peer == self._owing.link.peer:
+            self._owing = None  # what it owed is lost with it: the operations' deadlines end them
+            return []
         parent = self._parent
         if event.peer != parent.peer or self._joined is None:
             return []
@@ -386,7 +403,7 @@ class EndpointMachine:
     def _end(self, why: str) -> list[Command]:
         """The membership is over: fail what is in flight and close the parent."""
         failed = [] if self._joined is None else self._joined.engine.fail_all(ErrorCode.PEER_LOST, why, None)
-        return failed + self._parent.close(why)
+        return failed + self._parent.close(why) + self._close_owing(why)
 
     # --- the rendezvous's messages ---------------------------------------------
 
@@ -456,13 +473,49 @@ class EndpointMachine:
         if message.epoch > membership.epoch:
             engine.interrupt_all(f"the tree changed to epoch {message.epoch}")
         membership.adopt(message.params, message.epoch)
-        joined.tree = message
+        old, joined.tree = joined.tree, message
         if action is SessionAction.RESUME:
             engine.resume_all()
             return engine.pump(now)
         assert message.parent is not None
-        out = self._parent.close("parent changed")
+        out = self._retire_parent(old, engine)
         return [*out, self._parent.dial(self._dials.peer(membership.epoch), message.parent)]
+
+    def _retire_parent(self, old: TreeAssignment | None, engine: OperationEngine) -> list[Command]:
+        """Close the connection to the parent being replaced, unless operations kept
+        through a Leave still wait for results of its tree: then it stays open until
+        they have them (or end otherwise).  One older tree at most is kept."""
+        out = self._close_owing("a newer tree replaced it")
+        if old is not None and self._parent.up and engine.awaits_epoch(old.epoch):
+            self._owing = _Owing(self._parent.hand_over(), old.epoch)
+            return out
+        return out + self._parent.close("parent changed")
+
+    def _on_old_parent(self, message: Message, now: float) -> list[Command]:
+        """Traffic from the parent of an older tree: its results and aborts for the
+        operations kept in that epoch; nothing else is taken from it."""
+        owing, joined = self._owing, self._joined
+        assert owing is not None
+        out: list[Command] = []
+        if (
+            joined is not None
+            and isinstance(message, Result | BroadcastData | Abort)
+            and message.group_id == self.config.group_id
+            and message.epoch == owing.epoch
+        ):
+            out = joined.engine.on_message(message, now)
+        return out + self._settle_owing()
+
+    def _settle_owing(self) -> list[Command]:
+        """Close the older tree's parent once no operation waits for it any more."""
+        owing, joined = self._owing, self._joined
+        if owing is None or (joined is not None and joined.engine.awaits_epoch(owing.epoch)):
+            return []
+        return self._close_owing("the older tree delivered what it owed")
+
+    def _close_owing(self, why: str) -> list[Command]:
+        owing, self._owing = self._owing, None
+        return [] if owing is None else owing.link.close(why)
 
     def _on_epoch_change(self, message: EpochChange, joined: _Joined) -> list[Command]:
         membership, engine = joined.membership, joined.engine
@@ -541,7 +594,7 @@ class EndpointMachine:
                 out.append(self._parent.dial(self._dials.peer(joined.membership.epoch), tree.parent))
         if joined is not None:
             out += joined.engine.on_timer(now)
-        return out
+        return out + self._settle_owing()
 
 
 __all__ = ["EndpointMachine", "Prepared"]

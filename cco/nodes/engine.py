@@ -120,6 +120,11 @@ class OperationEngine:
     def operation(self, op_id: int) -> WireOperation | None:
         return self._ops.get(op_id)
 
+    def awaits_epoch(self, epoch: int) -> bool:
+        """Whether an operation still waits for results of ``epoch``: one kept through a
+        Leave (:meth:`fail_all`'s ``keep_sent``), whose old tree still owes it them."""
+        return any(op.epoch == epoch for op in self._ops.values())
+
     @property
     def kept_chunks(self) -> list[tuple[int, int]]:
         return list(self._recent)

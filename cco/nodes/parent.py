@@ -64,6 +64,13 @@ class ParentLink:
         self.retry_at = None
         return True
 
+    def hand_over(self) -> ParentLink:
+        """Move the connection, still open, to a new link (whose owner closes it later),
+        leaving this one empty, ready to dial another parent."""
+        kept = ParentLink(self.peer, self.node_id, self.up)
+        self.peer, self.node_id, self.up, self.retry_at = None, None, False, None
+        return kept
+
     def close(self, why: str) -> list[Command]:
         """Forget the parent, closing the connection if there is one."""
         peer = self.peer

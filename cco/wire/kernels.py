@@ -19,11 +19,15 @@ and an endpoint's steps for a float32 chunk (``benchmarks/probes/bench_endpoint_
 37 us, its rounding not vectorized.
 
 numba is an optional dependency (``pip install 'cco[fast]'``): about 200 MiB installed
-and a quarter of a second to import.  In a library process it is imported when the first large
-chunk needs a loop, so one that only sends small messages never loads it; a
-``cco-node`` endpoint whose workload has chunks that large loads it, and both
-loops, before it starts (:func:`preload`); aggregators, which do neither step,
-never do (:func:`accumulate`, the aggregator's loop, is compiled only on request).
+and a quarter of a second to import.  The client library loads it, and both loops,
+on a worker thread before a member joins (:func:`preload`, called by
+``Communicator.join`` unless told not to); a ``cco-node`` endpoint whose workload
+has chunks that large loads them before it starts; elsewhere numba is imported when
+the first large chunk needs a loop; aggregators, which do neither step, never load
+it (:func:`accumulate`, the aggregator's loop, is compiled only on request).  Each
+loop is compiled once per argument type and kept in numba's on-disk cache
+(``cache=True``: beside this file, else in the user's cache directory), so a later
+process only loads it.
 ``CCO_KERNELS=numpy`` keeps numpy where numba is installed, and a loop numba fails to
 compile is logged and left to numpy (:func:`run`).  Each loop computes
 exactly what the numpy code computes (integers exactly; floats with the same IEEE
@@ -36,6 +40,7 @@ import functools
 import importlib.util
 import logging
 import os
+import threading
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, TypeVar
@@ -134,6 +139,9 @@ def accumulate_loop(total: np.ndarray, part: np.ndarray) -> tuple[np.int64, np.i
 
 _failed = False
 """Set when numba failed to compile a loop: the process then stays on numpy."""
+_preloading = threading.Lock()
+"""One :func:`preload` at a time: members joining at once from several threads load
+the loops once, into one dispatcher per loop."""
 
 
 def chosen() -> str:
@@ -253,7 +261,12 @@ def preload() -> bool:
     after the first 512-byte all-reduce of four endpoints loaded numba, the next rounds
     took 114, 64, 70, 36, 34, 20 and 15 ms against about 5 (young collections of 4 to
     10 ms, full ones of 20 to 59 ms, in each endpoint).  Types not foreseen here are
-    still compiled when first met."""
+    still compiled when first met.  Safe to call from any thread, as often as wanted."""
+    with _preloading:
+        return _preload()
+
+
+def _preload() -> bool:
     sums, back = compiled_sums(WIDEST), compiled_scaled_back()
     if sums is None or back is None:
         return False

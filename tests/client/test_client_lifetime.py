@@ -9,6 +9,7 @@ epoch.  Every scenario is bounded in time.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -20,6 +21,7 @@ import pytest
 from cco.client import OFF_LOOP_ELEMENTS, Communicator, GroupSpec
 from cco.nodes.aggregator import AggregatorConfig, AggregatorMachine
 from cco.nodes.rendezvous import RendezvousConfig, RendezvousMachine
+from cco.nodes.rendezvous_config import DEFAULT_PARAMS
 from cco.nodes.rendezvous_status import GroupStatus
 from cco.services.node import NodeService
 from cco.transport import TransportConfig, create_dev_pki
@@ -56,8 +58,9 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
 class Cluster:
     """A rendezvous that creates groups on first join, and one aggregator."""
 
-    def __init__(self, pki: Path) -> None:
+    def __init__(self, pki: Path, params: GroupParams = PARAMS) -> None:
         self.pki = pki
+        self.params = params
         self.services: list[NodeService] = []
         self.communicators: list[Communicator] = []
         self.rendezvous = ""
@@ -66,7 +69,7 @@ class Cluster:
         return TransportConfig.for_node(self.pki, node_id, max_datagram_size=16000)
 
     async def __aenter__(self) -> Cluster:
-        machine = RendezvousMachine(RendezvousConfig(create_groups_on_join=True, params=PARAMS))
+        machine = RendezvousMachine(RendezvousConfig(create_groups_on_join=True, params=self.params))
         service = NodeService(machine, "rendezvous", Role.RENDEZVOUS, self.transport("rendezvous"))
         host, port = await service.listen("127.0.0.1", 0)
         self.rendezvous = f"{host}:{port}"
@@ -335,10 +338,16 @@ def test_quorum_all_reduce_over_real_connections_goes_on_without_a_late_rank(pki
 def test_a_large_input_is_prepared_off_the_loop_and_calls_still_start_in_order(pki: Path) -> None:
     """A large all-reduce then a small one, started back to back on every rank: the
     large one's scale proposals are computed on a worker thread, the small one waits
-    for it to start first, and both results are exact on every rank."""
+    for it to start first, and both results are exact on every rank.
+
+    In chunks of the default size: in PARAMS's small ones, the whole cluster on this
+    test's one thread moved a thousand chunks, and beside CPU hogs that took longer
+    than the operation timeout."""
 
     async def scenario() -> None:
-        async with Cluster(pki) as cluster:
+        async with Cluster(
+            pki, dataclasses.replace(PARAMS, chunk_elements=DEFAULT_PARAMS.chunk_elements)
+        ) as cluster:
             comms = await cluster.join(2)
             large = [np.full(OFF_LOOP_ELEMENTS, c.rank + 1, dtype=np.float32) for c in comms]
             small = [np.array([c.rank + 10], dtype=np.int32) for c in comms]

@@ -28,7 +28,6 @@ import pytest
 
 import cco
 from cco.localcluster import ClusterSpec, LocalCluster
-from cco.wire import kernels
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -101,11 +100,6 @@ async def _run_python_examples(pki: Path, rendezvous: str) -> None:
 
 def test_every_python_example_runs(tmp_path: Path) -> None:
     assert blocks("python"), "no Python examples found"
-    # Loaded now, as cco-node does at start (cco.launch): loaded by the first float
-    # example instead, numba's import and compilation held this process's event loop
-    # long enough on a busy host for the rendezvous to declare a rank lost (it failed
-    # every time beside two CPU hogs; see the lead's follow-up on the client).
-    kernels.preload()
     spec = ClusterSpec(aggregators=1, endpoints=6, max_fan_in=4)
     with LocalCluster(spec, tmp_path) as cluster:
         cluster.start(timeout=120)

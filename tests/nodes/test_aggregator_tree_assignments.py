@@ -10,6 +10,8 @@ from aggregator_rig import (
     GROUP,
     OTHER,
     PARAMS,
+    PARENT,
+    PARENT2,
     Rig,
     assignment,
     chunk,
@@ -23,6 +25,7 @@ from aggregator_rig import (
 from cco.nodes.aggregator import AggregatorConfig, AggregatorMachine
 from cco.nodes.aggregator_states import GroupState, SlotState
 from cco.nodes.events import (
+    ClosePeer,
     ConnectTo,
     PeerConnected,
     PeerDisconnected,
@@ -33,9 +36,12 @@ from cco.wire.messages import (
     Abort,
     EpochChange,
     Error,
+    NodeRef,
+    PartialAggregate,
     Result,
     TreeAssignment,
 )
+from cco.wire.payload import retype
 from cco.wire.registries import Role
 
 
@@ -149,6 +155,38 @@ def test_epoch_change_aborts_old_slots_and_refuses_old_data() -> None:
     assert rig.machine.group_state(GROUP) is GroupState.ACTIVE and rig.machine.pending_bytes == 0
     assert rig.machine.slot_state(GROUP, 0, 0) is SlotState.COLLECTING
     assert len(sent(rig.send("ep1", chunk(1, epoch=2)), None, Result)) == 2
+
+
+@pytest.mark.parametrize("new_parent", [PARENT, PARENT2], ids=["same-parent", "another-parent"])
+def test_results_the_old_tree_owes_still_go_down_after_a_leave(new_parent: NodeRef) -> None:
+    """This leaf sent its aggregate up; rank 7, elsewhere in the tree, left on purpose
+    right after its last collective, and the EpochChange arrives before the root's
+    Result.  The Result still goes down to this leaf's children, also once the new tree
+    names another parent: the old parent's connection stays open for one operation
+    timeout after the change, and closes then."""
+    rig, parent = leaf_rig()
+    rig.send("ep0", chunk(0))
+    (partial,) = sent(rig.send("ep1", chunk(1)), parent, PartialAggregate)
+    rig.rendezvous(
+        EpochChange(group_id=GROUP, epoch=2, members=bitmap_from_ranks(range(7)), code=ErrorCode.NO_ERROR)
+    )
+    out = rig.rendezvous(assignment({"ep0": [0], "ep1": [1]}, parent=new_parent, epoch=2))
+    assert not [c for c in out if isinstance(c, ClosePeer)]
+    result = retype(partial, Result)
+    out = rig.send(parent, result)
+    assert sent(out, "ep0", Result) == [result] and sent(out, "ep1", Result) == [result]
+    closed = [c.peer for c in rig.timer(PARAMS.operation_timeout_ms / 1000) if isinstance(c, ClosePeer)]
+    assert closed == ([] if new_parent is PARENT else [parent])  # the same parent: the new tree's link
+
+
+def test_after_a_loss_the_old_tree_owes_nothing() -> None:
+    rig, parent = leaf_rig()
+    rig.send("ep0", chunk(0))
+    (partial,) = sent(rig.send("ep1", chunk(1)), parent, PartialAggregate)
+    rig.rendezvous(
+        EpochChange(group_id=GROUP, epoch=2, members=bitmap_from_ranks(range(7)), code=ErrorCode.PEER_LOST)
+    )
+    assert rig.send(parent, retype(partial, Result)) == []  # its operations failed everywhere
 
 
 def test_parent_loss_aborts_and_redials() -> None:

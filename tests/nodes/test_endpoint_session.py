@@ -13,6 +13,7 @@ from endpoint_rig import (
     KEYS,
     PARAMS,
     PARENT,
+    PARENT2,
     RANK,
     SECRET,
     WORLD,
@@ -160,6 +161,40 @@ def test_a_rank_that_left_on_purpose_does_not_fail_an_operation_this_rank_sent_i
     (completed,) = [c for c in rig.from_parent(result_for(mine)) if isinstance(c, OperationCompleted)]
     assert completed.op_id == sent_in_full and completed.result is not None
     assert completed.result.tolist() == [0 + 1 + 2 + 3] * 4  # rank 0's contribution counted, exact
+
+
+def test_a_rank_moved_to_another_parent_keeps_the_old_one_until_its_kept_operation_has_its_result() -> None:
+    """Rank 0 left right after its last all-reduce, and the new tree gives this rank
+    another parent.  The old parent's connection stays open: the Result it still owes
+    completes the kept operation, and only then is that connection closed."""
+    rig = joined()
+    old = rig.parent
+    op_id, out = rig.start(int_request([1, 1, 1, 1]))
+    (mine,) = sent(out, old, Contribution)
+    change = EpochChange(
+        group_id=GROUP, epoch=2, members=bitmap_from_ranks([1, 2, 3]), code=ErrorCode.NO_ERROR
+    )
+    assert failures(rig.rendezvous(change)) == []
+    out = rig.rendezvous(tree(epoch=2, parent=PARENT2))
+    (dial,) = out  # no ClosePeer for the old parent
+    assert isinstance(dial, ConnectTo) and dial.expected_node_id == "leaf2"
+    rig.feed(PeerConnected(dial.peer, "leaf2", Role.AGGREGATOR))
+    out = rig.feed(MessageReceived(old, result_for(mine)))
+    (completed,) = [c for c in out if isinstance(c, OperationCompleted)]
+    assert completed.op_id == op_id and completed.result is not None
+    assert completed.result.tolist() == [0 + 1 + 2 + 3] * 4
+    assert [c.peer for c in out if isinstance(c, ClosePeer)] == [old]  # delivered: closed now
+
+
+def test_a_rank_moved_to_another_parent_with_nothing_kept_closes_the_old_one_at_once() -> None:
+    rig = joined()
+    old = rig.parent
+    change = EpochChange(
+        group_id=GROUP, epoch=2, members=bitmap_from_ranks([1, 2, 3]), code=ErrorCode.NO_ERROR
+    )
+    rig.rendezvous(change)
+    out = rig.rendezvous(tree(epoch=2, parent=PARENT2))
+    assert [c.peer for c in out if isinstance(c, ClosePeer)] == [old]
 
 
 @pytest.mark.parametrize("code", [ErrorCode.STALE_EPOCH, ErrorCode.PEER_LOST])

@@ -787,6 +787,49 @@ def test_a_member_leaving_starts_a_new_epoch() -> None:
     assert result is not None and result.tolist() == [sum(live)] * 2
 
 
+def tree_levels(d: Deployment) -> int:
+    """How many levels of aggregators the group's tree has."""
+    parents = {a: d.aggregator(a).group_parent(GROUP) for a in d.aggregators}
+    in_tree = [a for a in d.aggregators if d.aggregator(a).group_epoch(GROUP) is not None]
+
+    def depth(node: str) -> int:
+        parent = parents[node]
+        return 1 if parent is None else 1 + depth(parent)
+
+    return max(depth(a) for a in in_tree)
+
+
+@pytest.mark.parametrize(
+    ("levels", "seed"), [(2, seed) for seed in range(32)] + [(3, seed) for seed in range(8)]
+)
+def test_a_rank_leaving_right_after_its_last_collective_fails_no_other_rank(levels: int, seed: int) -> None:
+    """A rank leaves on purpose (Leave, NO_ERROR) as soon as it has its result: every
+    other rank still gets the exact result of that collective, in a tree of leaf and
+    spine aggregators, whatever the order of arrival.  The leaver's result means the
+    root had every contribution and sent every Result down; the EpochChange may reach
+    an aggregator before the Results do, and the new tree may move a rank or an
+    aggregator to another parent: the older tree's parent connections stay open and
+    carry those Results down (some arrival orders of these seeds lost them before)."""
+    world, aggregators = (8, 3) if levels == 2 else (20, 8)
+    d = build_cluster(
+        [GroupSpec(GROUP, world)], aggregators=aggregators, params=PARAMS, max_fan_in=4, seed=seed
+    )
+    assert tree_levels(d) == levels
+    data = {r: np.full(12, r + 1, np.int32) for r in range(world)}  # three chunks, all in the window
+    op_ids = d.start(
+        GROUP, {r: CollectiveRequest(kind=Collective.ALL_REDUCE, array=data[r]) for r in range(world)}
+    )
+    leaver = seed % world
+    leaver_node = d.cluster.nodes[d.groups[GROUP].endpoint_id(leaver)]
+    assert d.cluster.run(lambda: leaver_node.finished(op_ids[leaver]))
+    assert op_ids[leaver] in leaver_node.completed
+    d.cluster.call(leaver_node.node_id, lambda now: d.endpoint(GROUP, leaver).leave(now))
+    others = {r: op_ids[r] for r in range(world) if r != leaver}
+    d.cluster.run(lambda: len(d.outcomes(GROUP, others)) == len(others))
+    result = identical(d.outcomes(GROUP, others))
+    assert result is not None and result.tolist() == [sum(range(1, world + 1))] * 12
+
+
 def test_non_blocking_operations_complete_in_call_order() -> None:
     d = deploy(14)
     data = inputs(DType.FLOAT32, 40, 14)  # above exact.MAX_ELEMENTS: block-scaled
