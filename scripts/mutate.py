@@ -85,6 +85,7 @@ ENDPOINT_TESTS = (
     "tests/nodes/test_endpoint_presence_passes.py",
     "tests/nodes/test_endpoint_restarts.py",
     "tests/nodes/test_endpoint_tables.py",
+    "tests/nodes/test_endpoint_tamper_reports.py",
     "tests/nodes/test_sim_clusters.py",
 )
 
@@ -144,6 +145,8 @@ TARGETS = (
         for path in (
             "cco/nodes/endpoint.py",
             "cco/nodes/engine.py",
+            "cco/nodes/verification.py",
+            "cco/nodes/tree_reports.py",
             "cco/nodes/planning.py",
             "cco/nodes/membership.py",
             "cco/nodes/operation.py",

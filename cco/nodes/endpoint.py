@@ -419,7 +419,7 @@ class EndpointMachine:
         elif isinstance(message, Error):
             event = SessionEvent.ERROR_RENDEZVOUS
             if message.message_type == MessageType.REPORT and joined is not None:
-                joined.engine.report_refused()
+                joined.engine.reports.release()
         else:
             event = FROM_RENDEZVOUS.get(type(message))
         if isinstance(message, JoinAccept | JoinReject | TreeAssignment | EpochChange) and (

@@ -43,7 +43,7 @@ from cco.nodes.calls import TREE_FAILURES, EndpointConfig, OperationError
 from cco.nodes.data_operation import DataOperation
 from cco.nodes.deadlines import earlier
 from cco.nodes.endpoint_states import OPERATION_TABLE, OperationAction, OperationEvent, OperationState
-from cco.nodes.events import Command, OperationCompleted, OperationFailed, PeerId, SendMessage
+from cco.nodes.events import Command, OperationCompleted, OperationFailed, SendMessage
 from cco.nodes.membership import Membership
 from cco.nodes.operation import WireOperation, digest
 from cco.nodes.parent import ParentLink
@@ -51,6 +51,8 @@ from cco.nodes.passes import PresencePass, ScalePass
 from cco.nodes.planning import Prepared
 from cco.nodes.replies import ranks_text
 from cco.nodes.session import RendezvousSession
+from cco.nodes.tree_reports import TreeReports
+from cco.nodes.verification import check_copy, open_chunk, tampered
 from cco.wire import payload
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import bitmap_from_ranks, ranks_from_bitmap
@@ -60,12 +62,10 @@ from cco.wire.messages import (
     BroadcastData,
     ChunkMessage,
     Contribution,
-    Report,
     Result,
     RetransmitRequest,
     clip_detail,
 )
-from cco.wire.ops import CONSISTENCY_OPS
 from cco.wire.packing import unpack
 from cco.wire.registries import Collective
 
@@ -90,15 +90,7 @@ class OperationEngine:
         self._rendezvous = rendezvous
         self.ready = False
         """Whether chunks may leave: the session is READY (its parent connected, its tree current)."""
-        self._held: tuple[int, PeerId] | None = None
-        """An epoch whose tree delivered data that failed verification (this rank's
-        check, reported, or the tree's Abort saying so), and the rendezvous connection
-        then: no chunk leaves into that tree while that connection lasts, until the
-        rendezvous refuses this rank's Report or an operation held back reaches its
-        deadline (then no new epoch is coming)."""
-        self._tree_failed: int | None = None
-        """The last epoch in which an operation here failed on what its tree delivered
-        (a chunk that failed its checks, or the tree's Abort for failed verification)."""
+        self.reports = TreeReports(membership, parent, rendezvous)
         self.next_op_id = 0
         self.outstanding = 0
         """Chunks sent whose result has not come back, across all operations."""
@@ -233,7 +225,7 @@ class OperationEngine:
     def pump(self, now: float) -> list[Command]:
         """Send chunks, oldest operation first, while the window has room."""
         parent = self._parent.peer
-        if not self.ready or parent is None or self._holding():
+        if not self.ready or parent is None or self.reports.holding:
             return []
         window = self._membership.params.window
         out: list[Command] = []
@@ -360,8 +352,8 @@ class OperationEngine:
                 op, OperationEvent.ABORTED, message.code, detail, missing, tell_tree=False
             )
             if message.code in REPORT_CODES and out:
-                self._tree_failed = message.epoch
-                self._hold(message.epoch)  # another rank found it, and is reporting it
+                self.reports.failed_epoch = message.epoch
+                self.reports.hold(message.epoch)  # another rank found it, and is reporting it
             return out
         return self._on_chunk(op, message, now)
 
@@ -372,22 +364,22 @@ class OperationEngine:
             op.size(message.total_elements, membership.params.chunk_elements, membership.members)
         try:
             if index in op.verified:
-                self._check_copy(op, message)
-                del op.headers[index]  # built again by _check_header: verified chunks keep none
+                check_copy(op, message, self._membership)
+                del op.headers[index]  # built again by expected_header: verified chunks keep none
                 self._apply(op, OperationEvent.DUPLICATE)
                 return []
-            values = self._verify(op, message)
+            values = open_chunk(op, message, self._membership)
         except CcoError as error:
             detail = f"chunk {index}: {error.detail}"
             out = self._finish_failed(op, OperationEvent.BAD_CHUNK, error.code, detail, None, tell_tree=True)
             if out:
-                self._tree_failed = message.epoch
-                if _tampered(error.code, message):
-                    out += self._report(op, message.epoch, error.code, detail)
+                self.reports.failed_epoch = message.epoch
+                if tampered(error.code, message):
+                    out += self.reports.report(op.op_id, message.epoch, error.code, detail)
             return out
         op.epoch = message.epoch
         op.verified[index] = digest(message)
-        del op.headers[index]  # built by _check_header, if not already by _seal
+        del op.headers[index]  # built by expected_header, if not already by _seal
         self._progress(op, now)
         op.decode(index, values)
         if index in op.outstanding:
@@ -397,47 +389,6 @@ class OperationEngine:
             self._apply(op, OperationEvent.CHUNK)
             return self.pump(now)
         return self._complete(op) + self.pump(now)
-
-    def _check_header(self, op: WireOperation, message: ChunkMessage) -> payload.ChunkHeader:
-        """The operation's header of the chunk; refuses a chunk that is not one of this
-        operation's (another op, epoch or shape)."""
-        expected_type = BroadcastData if op.broadcast else Result
-        wanted = op.header(self._membership.group_id, message.chunk_index, message.epoch)
-        if not isinstance(message, expected_type) or not wanted.names(message):
-            header = payload.ChunkHeader.of(message)
-            raise CcoError(
-                ErrorCode.OPERATION_MISMATCH,
-                f"{type(message).__name__} {header} does not match the operation {wanted}",
-            )
-        return wanted
-
-    def _check_copy(self, op: WireOperation, message: ChunkMessage) -> None:
-        """A second copy of a verified chunk must carry the same integers (compared by
-        digest: the verified integers themselves are not kept)."""
-        payload.check_encoding(message, self._check_header(op, message))
-        if digest(message) != op.verified[message.chunk_index]:
-            raise CcoError(
-                ErrorCode.DUPLICATE_CONTRIBUTION, f"a different copy of verified chunk {message.chunk_index}"
-            )
-
-    def _verify(self, op: WireOperation, message: ChunkMessage) -> np.ndarray:
-        """The chunk's integers if it is the chunk this operation expects and it verifies."""
-        header = self._check_header(op, message)
-        membership = self._membership
-        expected = op.members
-        if op.broadcast:
-            assert op.root is not None
-            expected = frozenset({op.root})
-        own = None
-        if op.op in CONSISTENCY_OPS and op.source is not None:
-            own = (membership.rank, op.chunk_values(message.chunk_index))
-        at_least = op.quorum.min_ranks if isinstance(op, PresencePass) else None
-        values = payload.open_verified(
-            membership.keys, message, expected, own, at_least, membership.coefficients, header
-        )
-        if isinstance(op, PresencePass):
-            op.note_contributors(message)
-        return values
 
     def _progress(self, op: WireOperation, now: float) -> None:
         """A chunk of the call was verified: a watchdog deadline (no explicit timeout),
@@ -481,40 +432,6 @@ class OperationEngine:
         if isinstance(op, DataOperation):
             self._end_passes(op)  # a presence pass run again may still wait: it decides nothing
         return [OperationCompleted(op.op_id, result, op.listed)]
-
-    def _report(self, op: WireOperation, epoch: int, code: ErrorCode, detail: str) -> list[Command]:
-        """Tell the rendezvous that the tree of ``epoch`` delivered data that failed
-        its checks, naming the parent that delivered it, and send nothing more into
-        that tree."""
-        rendezvous, parent = self._rendezvous.peer, self._parent.node_id
-        if rendezvous is None or not self._rendezvous.accepted or parent is None:
-            return []
-        membership = self._membership
-        report = Report(
-            group_id=membership.group_id,
-            epoch=epoch,
-            op_id=op.op_id,
-            code=code,
-            parent=parent,
-            detail=clip_detail(f"rank {membership.rank}: {detail}"),
-        )
-        self._hold(epoch)
-        return [SendMessage(rendezvous, report)]
-
-    def _hold(self, epoch: int) -> None:
-        """Data of the tree of ``epoch`` failed its checks: send nothing more into it
-        while the rendezvous, told by a Report, moves the group.  A rank detached from
-        the rendezvous holds nothing back for an epoch change that may not come."""
-        rendezvous = self._rendezvous.peer
-        if rendezvous is not None and self._rendezvous.accepted:
-            self._held = (epoch, rendezvous)
-
-    def report_refused(self) -> None:
-        """The rendezvous answered this rank's Report with an Error: chunks may leave again."""
-        self._held = None
-
-    def _holding(self) -> bool:
-        return self._held == (self._membership.epoch, self._rendezvous.peer)
 
     # --- ending ---------------------------------------------------------------
 
@@ -634,7 +551,7 @@ class OperationEngine:
         for op in list(self._ops.values()):
             # an operation sent into a tree whose tampering this rank had seen already
             # is a call made again: it starts again in the new tree, as everywhere
-            if op.epoch is not None and op.interrupted is None and op.epoch != self._tree_failed:
+            if op.epoch is not None and op.interrupted is None and op.epoch != self.reports.failed_epoch:
                 event, code = OperationEvent.LOST, ErrorCode.VERIFICATION_FAILED
                 out += self._finish_failed(op, event, code, why, None, tell_tree=False)
         return out
@@ -702,16 +619,16 @@ class OperationEngine:
             # ask again by sending the chunk again (an aggregator answers a copy of a
             # completed chunk with its Result), and again every half timeout after.
             overdue = {i for i, sent in op.outstanding.items() if sent + op.timeout / 2 <= now}
-            if overdue and not self._holding():
+            if overdue and not self.reports.holding:
                 out += self._resend(op, overdue, now)
         for op in [op for op in self._ops.values() if _call(op).deadline <= now]:
             detail = f"no verified result for chunks {op.missing_chunks()} after {op.timeout:g}s"
             if op.interrupted is not None:
                 detail += f" (waiting for a new tree since: {op.interrupted})"
-            elif self._holding():
+            elif self.reports.holding:
                 epoch = self._membership.epoch
                 detail += f" (held back: data of the tree of epoch {epoch} failed verification)"
-                self._held = None  # no new epoch came: the tree is all there is
+                self.reports.release()  # no new epoch came: the tree is all there is
             out += self._finish_failed(
                 op, OperationEvent.DEADLINE, ErrorCode.TIMEOUT, detail, None, tell_tree=True
             )
@@ -730,16 +647,6 @@ class OperationEngine:
             op.outstanding.clear()
         else:
             op.forget_progress()
-
-
-def _tampered(code: ErrorCode, chunk: ChunkMessage) -> bool:
-    """Whether a chunk that failed with ``code`` shows that the tree lied: it failed
-    verification, or it is a Result (which includes this rank's own chunk) that does
-    not match its operation.  BroadcastData of another shape may be the application's
-    mistake (a receiver sized differently from the root), not the tree's."""
-    return code is ErrorCode.VERIFICATION_FAILED or (
-        code is ErrorCode.OPERATION_MISMATCH and isinstance(chunk, Result)
-    )
 
 
 def _call(op: WireOperation) -> DataOperation:
