@@ -75,6 +75,7 @@ RENDEZVOUS_TESTS = (
     "tests/nodes/test_rendezvous_trees.py",
     "tests/nodes/test_rendezvous_tables.py",
     "tests/nodes/test_rendezvous_restore.py",
+    "tests/nodes/test_rendezvous_tampering.py",
     "tests/nodes/test_sim_clusters.py",
 )
 ENDPOINT_TESTS = (
@@ -138,6 +139,8 @@ TARGETS = (
             "cco/nodes/rendezvous_config.py",
             "cco/nodes/rendezvous_durable.py",
             "cco/nodes/rendezvous_states.py",
+            "cco/nodes/rendezvous_joins.py",
+            "cco/nodes/rendezvous_reports.py",
         )
     ),
     *(

@@ -66,7 +66,6 @@ message gets an Error with its decode code and the connection is closed.
 
 from __future__ import annotations
 
-import hmac
 import os
 from collections.abc import Callable
 
@@ -86,12 +85,12 @@ from cco.nodes.liveness import Liveness
 from cco.nodes.rendezvous_admission import Admission
 from cco.nodes.rendezvous_config import FALLBACK_LABEL, GroupConfig, RendezvousConfig
 from cco.nodes.rendezvous_durable import DurableState, export, load
+from cco.nodes.rendezvous_joins import check_credentials, check_join, check_message_size
 from cco.nodes.rendezvous_records import (
     GroupRecord,
     MemberRecord,
     PeerRecord,
     Registration,
-    chunk_elements_limit,
 )
 from cco.nodes.rendezvous_reports import exclude, path_to_root, reporting_rank
 from cco.nodes.rendezvous_states import (
@@ -461,7 +460,7 @@ class RendezvousMachine:
             if group.state is GroupState.CLOSED and request.group_id not in self.config.groups:
                 group.world_size, group.credential = request.world_size, request.credential
                 self._changed()
-            self._check_join(group, peer, request)
+            check_join(group, peer, request)
         except CcoError as exc:
             reject = JoinReject(group_id=request.group_id, code=exc.code, detail=exc.detail)
             out.append(SendMessage(peer.peer, reject))
@@ -510,12 +509,12 @@ class RendezvousMachine:
         epoch it was last told of, the same secret and parameters; and only if the
         group moved on while it was away, the EpochChange and TreeAssignment it missed."""
         try:
-            self._check_credentials(group, request)
+            check_credentials(group, request)
             if request.rank is not None and request.rank != member.rank:
                 raise CcoError(
                     ErrorCode.RANK_UNAVAILABLE, f"{peer.node_id} is rank {member.rank}, not {request.rank}"
                 )
-            self._check_message_size(group, peer)
+            check_message_size(group, peer)
         except CcoError as exc:
             out.append(
                 SendMessage(peer.peer, JoinReject(group_id=group.group_id, code=exc.code, detail=exc.detail))
@@ -550,41 +549,13 @@ class RendezvousMachine:
         it) within the admission limits (:mod:`cco.nodes.rendezvous_admission`); a
         join that completes its group is not a pending one."""
         if group is not None and group.group_id in peer.groups:
-            return  # refused as a second join of the same group, by _check_join
+            return  # refused as a second join of the same group, by check_join
         if group is None or group.state is GroupState.CLOSED:
             forming = world_size > 1
         else:
             forming = group.state is GroupState.FORMING and len(group.members) + 1 < group.world_size
         groups = self._trees.groups
         self._admission.check_join(group, (groups[g] for g in peer.groups), forming)
-
-    def _check_credentials(self, group: GroupRecord, request: JoinRequest) -> None:
-        if not hmac.compare_digest(group.credential, request.credential):
-            raise CcoError(ErrorCode.BAD_CREDENTIAL, "credential does not match the group's")
-        if request.world_size != group.world_size:
-            raise CcoError(
-                ErrorCode.WORLD_SIZE_MISMATCH,
-                f"group has world_size {group.world_size}, not {request.world_size}",
-            )
-
-    def _check_message_size(self, group: GroupRecord, peer: PeerRecord) -> None:
-        if chunk_elements_limit(peer.capabilities, group.world_size, group.params.block_elements) < 1:
-            assert peer.capabilities is not None
-            raise CcoError(
-                ErrorCode.MESSAGE_TOO_LARGE,
-                f"a chunk message for world_size {group.world_size} exceeds max_message_size "
-                f"{peer.capabilities.max_message_size}",
-            )
-
-    def _check_join(self, group: GroupRecord, peer: PeerRecord, request: JoinRequest) -> None:
-        self._check_credentials(group, request)
-        if group.group_id in peer.groups:
-            raise CcoError(ErrorCode.PROTOCOL_VIOLATION, f"{peer.node_id} is already a member")
-        if len(group.members) >= group.world_size:
-            raise CcoError(ErrorCode.GROUP_FULL, f"all {group.world_size} ranks are taken")
-        if request.rank is not None and (request.rank in group.members or request.rank >= group.world_size):
-            raise CcoError(ErrorCode.RANK_UNAVAILABLE, f"rank {request.rank} is taken")
-        self._check_message_size(group, peer)
 
     def _leave(self, peer: PeerRecord, message: Leave, out: list[Command]) -> None:
         group = self._trees.groups.get(message.group_id)
