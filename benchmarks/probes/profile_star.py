@@ -188,6 +188,13 @@ def endpoint_pid(star: netns.Star, index: int, timeout: float) -> int:
     raise RuntimeError(f"no endpoint process appeared in {star.endpoint_ns[index]}")
 
 
+def py_spy() -> str | None:
+    """py-spy's path: on PATH, or beside this interpreter (a virtualenv's ``bin``, which
+    is not on PATH when the probe runs as ``.venv/bin/python``, as under sudo)."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return shutil.which("py-spy") or (str(beside) if beside.is_file() else None)
+
+
 class Sampler:
     """py-spy recording one process until stopped (or until the process ends)."""
 
@@ -197,7 +204,7 @@ class Sampler:
         self.cpu_start = cpu_seconds(pid)
         self.wall_start = time.monotonic()
         self.cpu_end = self.cpu_start
-        argv = ["py-spy", "record", "--pid", str(pid), "--native", "--rate", str(rate)]
+        argv = [py_spy() or "py-spy", "record", "--pid", str(pid), "--native", "--rate", str(rate)]
         argv += ["--format", "raw", "--threads", "--output", str(path)]
         self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self._watch = threading.Thread(target=self._follow_cpu, daemon=True)
@@ -313,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.perf and shutil.which("perf") is None:
         print("profile_star.py: perf is not installed (apt-get install linux-perf)", file=sys.stderr)
         return 2
-    if not args.no_profile and shutil.which("py-spy") is None:
+    if not args.no_profile and py_spy() is None:
         print("profile_star.py: py-spy is not installed (pip install py-spy)", file=sys.stderr)
         return 2
     rate = None if args.rate_mbit == "unshaped" else float(args.rate_mbit)
