@@ -118,16 +118,21 @@ WHOLE_STACK: list[tuple[str, str]] = [
 polling loop or an import calls is theirs, whatever it is."""
 
 
-def _blocking_select_frame() -> str:
-    """How py-spy names the polling selector's last, blocking ``select`` (file:line)."""
-    import cco.services.polling as polling
+def blocking_select_frame(nodes_from: Path | None = None) -> str:
+    """How py-spy names the polling selector's last, blocking ``select`` (file:line),
+    in the nodes' ``cco`` (``nodes_from``'s, or this interpreter's)."""
+    if nodes_from is None:
+        import cco.services.polling as polling
 
-    lines = Path(polling.__file__).read_text().splitlines()
-    number = next(i for i, line in enumerate(lines, 1) if "return super().select(None if timeout" in line)
+        source = Path(polling.__file__)
+    else:
+        source = nodes_from / "cco" / "services" / "polling.py"
+    lines = source.read_text().splitlines()
+    number = next(i for i, line in enumerate(lines, 1) if "super().select(None if timeout" in line)
     return f"cco/services/polling.py:{number})"
 
 
-BLOCKING_SELECT = _blocking_select_frame()
+BLOCKING_SELECT = blocking_select_frame()
 
 
 def categorize(stack: list[str]) -> str:
@@ -306,6 +311,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-elements", type=int, default=None)
     parser.add_argument("--busy-poll-us", type=int, default=None, help="every node's (default: theirs)")
     parser.add_argument("--window", type=int, default=None)
+    parser.add_argument(
+        "--nodes-from",
+        type=Path,
+        default=None,
+        help="a source tree whose cco the nodes run (an A/B of two trees with one harness)",
+    )
     parser.add_argument("--top", type=int, default=15, help="innermost frames listed per process")
     parser.add_argument("--no-profile", action="store_true", help="CPU figures only, no py-spy")
     parser.add_argument(
@@ -334,7 +345,11 @@ def main(argv: list[str] | None = None) -> int:
         chunk_elements=args.chunk_elements,
         window=args.window,
         busy_poll_us=args.busy_poll_us,
+        nodes_from=args.nodes_from,
     )
+    if args.nodes_from is not None:
+        global BLOCKING_SELECT
+        BLOCKING_SELECT = blocking_select_frame(args.nodes_from)
     label = f"N={args.endpoints} {args.rate_mbit} MTU {args.mtu} GRO {args.gro}"
     with (
         netns.Star(spec) as star,
