@@ -6,11 +6,16 @@ starts the rendezvous and the aggregator in the hub, and runs ``--rounds`` verif
 float32 all-reduces of ``--bytes`` per rank.  While they run, py-spy samples the
 aggregator and endpoint 0 (``--native``: the frames of qh3's Rust core, OpenSSL and
 numpy below the Python ones; idle threads are not sampled, so a sample is CPU the
-process was using, not time it waited).  Each sample is charged to one *category*
-by the innermost frame that names one (QUIC packet work, crypto, syscalls, framing,
-CBOR, the MAC, combining, copies, the event loop, ...), and the table gives each
-category's share of the samples and the CPU seconds it stands for (the share times
-the process's CPU seconds over the sampled span, read from /proc).
+process was using or wanted: a thread that is runnable but waits for a core counts
+too).  Each sample is charged to one *category* by the innermost frame that names
+one (QUIC packet work, crypto, syscalls, framing, CBOR, the MAC, combining, copies,
+the event loop, ...), and the table gives each category's share of the samples and
+the CPU seconds it stands for (the share times the process's CPU seconds over the
+sampled span, read from /proc).  On a loaded host that overstates the places where
+a process waits for a core: busy polling's ``sched_yield`` hands the core to others
+and then waits its turn, so polling can show as a large share of a node's CPU that
+polling less does not save; ``--perf`` samples only what ran, and is the one to
+trust there.
 
 Also prints the MB each node moved per CPU second over the rounds after the first
 (``cputrace.py``: start-up and joining left out), the aggregator's N x S in plus
