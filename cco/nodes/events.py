@@ -169,9 +169,9 @@ class Happening(Enum):
 
 @dataclass(frozen=True, slots=True)
 class Report:
-    """Something an operator wants to know happened, as data: the service logs it at
-    INFO and counts it (the machines have no logger).  Rare by design: membership,
-    registration, refusals and tree changes, never a chunk.
+    """Something an operator wants to know happened, as data: the service logs it (at
+    INFO, tampering at WARNING) and counts it (the machines have no logger).  Rare by
+    design: membership, registration, refusals and tree changes, never a chunk.
 
     ``node_id`` is the peer it concerns (empty when it concerns a group as a whole);
     ``code`` the reason a peer was refused or a member lost, or an epoch ended."""

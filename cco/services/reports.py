@@ -2,14 +2,17 @@
 
 The machines say what happened as data (they have no logger); this is where it
 becomes text, at INFO: a refusal is the refused peer's problem, and a member lost
-or leaving is how groups change, so neither is a warning about this node.
+or leaving is how groups change, so neither is a warning about this node.  A Report
+of tampering is the exception, at WARNING: a member proved that an aggregator
+changed what it forwarded, and whoever runs that aggregator must look at it even
+where the log keeps warnings only.
 """
 
 from __future__ import annotations
 
 import logging
 
-from cco.nodes.events import Report
+from cco.nodes.events import Happening, Report
 from cco.wire.errors import ErrorCode
 
 log = logging.getLogger("cco.node")
@@ -54,8 +57,13 @@ def fields(report: Report) -> dict[str, object]:
     return entry
 
 
+def level(report: Report) -> int:
+    """The logging level of ``report``'s line (see the module docstring)."""
+    return logging.WARNING if report.what is Happening.TAMPERING else logging.INFO
+
+
 def log_report(report: Report) -> None:
-    log.info("%s", describe(report), extra={FIELDS_ATTRIBUTE: fields(report)})
+    log.log(level(report), "%s", describe(report), extra={FIELDS_ATTRIBUTE: fields(report)})
 
 
-__all__ = ["FIELDS_ATTRIBUTE", "describe", "fields", "log_report"]
+__all__ = ["FIELDS_ATTRIBUTE", "describe", "fields", "level", "log_report"]

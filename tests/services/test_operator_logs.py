@@ -1,6 +1,7 @@
 """What a rendezvous logs about its groups, over real QUIC: registrations, joins with
 rank and epoch, the tree, a leave and a loss at INFO, none of them a warning; and the
-same lines as JSON with their fields for a log shipper."""
+same lines as JSON with their fields for a log shipper.  Only a Report of tampering is
+a warning."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import pytest
 from quic_cluster import Cluster, run
 
 from cco.logs import configure_logging
+from cco.nodes.events import Happening, Report
+from cco.services.reports import describe, log_report
 from cco.transport import create_dev_pki
 from cco.wire.registries import Role
 
@@ -61,3 +64,14 @@ def test_membership_is_logged_at_info_and_as_json_fields(pki: Path) -> None:
     warnings = [line for line in lines if line["level"] in ("warning", "error", "critical")]
     assert warnings == [], warnings
     assert left[0]["message"] == f"left {left[0]['peer']} group {GROUP.hex()} rank 2 epoch 1"
+
+
+@pytest.mark.parametrize("what", list(Happening))
+def test_only_tampering_is_logged_as_a_warning(what: Happening, caplog: pytest.LogCaptureFixture) -> None:
+    report = Report(what, "agg-1", group_id=GROUP, epoch=3, detail="a detail")
+    with caplog.at_level(logging.INFO, logger="cco.node"):
+        log_report(report)
+    (record,) = caplog.records
+    expected = logging.WARNING if what is Happening.TAMPERING else logging.INFO
+    assert record.levelno == expected
+    assert record.getMessage() == describe(report)
