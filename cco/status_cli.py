@@ -91,6 +91,8 @@ def reply_text(reply: StatusReply) -> str:
         for node in group["tree"]:
             parent = f" under {node['parent']}" if node["parent"] else " (root)"
             lines.append(f"  tree: {node['node_id']}{parent}, ranks {_ranks_text(node['ranks'])}")
+        if group["excluded"]:
+            lines.append(f"  excluded after Reports of tampering: {', '.join(group['excluded'])}")
     for a in data["aggregators"]:
         away = "" if a["connected"] else " (away)"
         lines.append(

@@ -65,6 +65,7 @@ def rendezvous_groups(status: RendezvousStatus) -> tuple[list[GroupView], list[A
                 )
                 for p in group.tree.aggregators
             ),
+            excluded=group.excluded or None,
         )
         for group in status.groups
     ]
@@ -201,6 +202,7 @@ def reply_json(reply: StatusReply) -> dict[str, Any]:
                     {"node_id": n.node_id, "ranks": sorted(ranks_from_bitmap(n.ranks)), "parent": n.parent}
                     for n in group.tree
                 ],
+                "excluded": list(group.excluded or ()),
             }
             for group in reply.groups
         ],

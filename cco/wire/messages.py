@@ -231,6 +231,11 @@ class GroupView(Struct):
     world_size: int | None = wire(4, _WORLD_SIZE, optional=True)
     members: tuple[MemberView, ...] = wire(5, ListOf(Nested(MemberView), max_items=MAX_WORLD_SIZE))
     tree: tuple[TreeNodeView, ...] = wire(6, ListOf(Nested(TreeNodeView), max_items=MAX_WORLD_SIZE))
+    excluded: tuple[str, ...] | None = wire(
+        7, ListOf(_NODE_ID, min_items=1, max_items=MAX_STATUS_ITEMS), optional=True
+    )
+    """Aggregators that members' Reports took out of the group's trees (a rendezvous;
+    draft section "Reports of Tampering"), oldest first; absent when there are none."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -352,6 +352,7 @@ local STRUCTS = {
     [4] = {name = "world_size", value = {kind = "uint"}},
     [5] = {name = "members", value = {kind = "list", item = {kind = "struct", struct = "member_view"}}},
     [6] = {name = "tree", value = {kind = "list", item = {kind = "struct", struct = "tree_node_view"}}},
+    [7] = {name = "excluded", value = {kind = "list", item = {kind = "text"}}},
   },
   member_view = {
     [1] = {name = "rank", value = {kind = "uint"}},

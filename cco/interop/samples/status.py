@@ -1,8 +1,9 @@
 """Valid samples of the status messages: StatusRequest and StatusReply.
 
 Requests with no and with the most flight-recorder entries, and the replies of a
-rendezvous (members, a two-level tree, aggregators) and of an aggregator (its place
-in a tree, operation and chunk records), their optional fields present and absent.
+rendezvous (members, a two-level tree, aggregators; a group with aggregators its
+members' Reports excluded) and of an aggregator (its place in a tree, operation and
+chunk records), their optional fields present and absent.
 """
 
 from __future__ import annotations
@@ -88,6 +89,30 @@ def status_samples() -> list[Sample]:
                         labels=(),
                     ),
                 ),
+                records=(),
+                omitted=0,
+            ),
+        ),
+        Sample(
+            "status-reply-rendezvous-excluded",
+            "A rendezvous's StatusReply for a group whose members' Reports excluded two "
+            "aggregators from its trees, oldest first; its new tree is on a third.",
+            StatusReply(
+                role=Role.RENDEZVOUS,
+                node_id="rendezvous",
+                uptime_ms=60_000,
+                groups=(
+                    GroupView(
+                        group_id=group,
+                        epoch=4,
+                        state="active",
+                        world_size=4,
+                        members=members,
+                        tree=(TreeNodeView(node_id="agg-2", ranks=bitmap_from_ranks(range(4))),),
+                        excluded=("agg-1", "agg-0"),
+                    ),
+                ),
+                aggregators=(),
                 records=(),
                 omitted=0,
             ),

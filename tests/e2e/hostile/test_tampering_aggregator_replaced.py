@@ -36,6 +36,7 @@ def test_the_group_leaves_the_tampering_aggregator_and_its_next_calls_are_exact(
         comms = join_group(f"{HOST}:{nodes.port}", nodes.pki, GROUP, trial_names(0))
         before = nodes.group_view(GROUP, 0)
         assert before is not None and [n.node_id for n in before.tree] == [EVIL]
+        assert before.excluded is None
         rng = np.random.default_rng(3)
         outcomes = []
         for _ in range(4):
@@ -57,6 +58,7 @@ def test_the_group_leaves_the_tampering_aggregator_and_its_next_calls_are_exact(
             assert np.array_equal(result, want), f"call {call} is not exact"
     assert after is not None and after.epoch > before.epoch
     assert [n.node_id for n in after.tree] == [HONEST]
+    assert after.excluded == (EVIL,)  # what `cco-node status` shows the operator
     rendezvous_log = (tmp_path / "rendezvous.log").read_text()
     assert "tampering reported" in rendezvous_log
     assert f"excluded from the group's trees: {EVIL}" in rendezvous_log
