@@ -754,7 +754,9 @@ def _wait_cpu(process: subprocess.Popen[Any], timeout: float) -> tuple[int, floa
 
 def _proc_usage(pid: int) -> dict[str, float]:
     status = Path(f"/proc/{pid}/status").read_text()
-    hwm = next(line for line in status.splitlines() if line.startswith("VmHWM:"))
+    hwm = next((line for line in status.splitlines() if line.startswith("VmHWM:")), None)
+    if hwm is None:  # a zombie: the process has exited and its memory is gone
+        raise ValueError(f"process {pid} has exited")
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
     return {

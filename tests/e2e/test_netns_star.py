@@ -55,6 +55,21 @@ def test_from_the_last_call_leaves_out_the_early_ranks_wait() -> None:
     assert run.round_seconds() == [0.3]
 
 
+def test_the_usage_of_a_process_that_has_exited_is_a_value_error() -> None:
+    # A node that died before the harness read its usage is a zombie until reaped: its
+    # /proc status has no VmHWM, and closing the cluster must still stop the others.
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 30
+        while "State:\tZ" not in Path(f"/proc/{process.pid}/status").read_text():
+            assert time.monotonic() < deadline, "the child never exited"
+            time.sleep(0.01)
+        with pytest.raises(ValueError, match="has exited"):
+            netns._proc_usage(process.pid)
+    finally:
+        process.wait()
+
+
 @needs_namespaces
 @pytest.mark.timeout(120)
 def test_allreduce_across_the_star(tmp_path: Path) -> None:
