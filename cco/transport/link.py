@@ -56,8 +56,8 @@ from cco.transport.streams import (
     CONTROL_STREAM_ID,
     DATA_MESSAGES,
     InboundStream,
+    InboundStreams,
     UnfinishedFrames,
-    is_control_stream,
 )
 from cco.transport.udp import BatchedUdpTransport, SegmentedDatagramProtocol
 from cco.transport.unreachable import CONFIRM_SPAN, UnreachableTracker, peer_key
@@ -155,9 +155,13 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         self._phase = _Phase.HANDSHAKE
         self._hello: Hello | None = None
         self._hello_timer: asyncio.TimerHandle | None = None
-        self._inbound: dict[int, InboundStream] = {}
-        self._unfinished = 0  # bytes of frames received in part on this connection
-        self._node_unfinished = unfinished or UnfinishedFrames(config.unfinished_bytes)
+        self._inbound = InboundStreams(
+            is_client=self._is_client,
+            max_message_size=config.max_message_size,
+            per_connection=config.unfinished_bytes_per_connection,
+            node=unfinished or UnfinishedFrames(config.unfinished_bytes),
+            frame_timeout=config.frame_timeout,
+        )
         self._frame_timer: asyncio.TimerHandle | None = None
         self._outbound: dict[bytes, int] = {}
         self._send_limit = config.max_message_size
@@ -459,7 +463,10 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
             return
         self._close_reason = (code, detail)
         self._phase = _Phase.CLOSED
-        self._release_unfinished()
+        self._inbound.release()
+        if self._frame_timer is not None:
+            self._frame_timer.cancel()
+            self._frame_timer = None
         if self._hello_timer is not None:
             self._hello_timer.cancel()
         if not self.opened.done():
@@ -567,22 +574,15 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
             )
 
     def _on_stream_data(self, stream_id: int, data: bytes, end_stream: bool) -> None:
-        stream = self._inbound.get(stream_id)
-        if stream is None:
-            stream = self._accept_stream(stream_id)
-            if stream is None:
-                return
-        decoder = stream.decoder
-        held = decoder.buffered
         try:
-            frames = decoder.feed(data)
-        except DecodeError as exc:
-            self.fail(exc.code, f"stream {stream_id}: {exc.detail}")
+            stream = self._inbound.stream(stream_id)
+            frames = self._inbound.feed(stream, data, time.monotonic())
+        except CcoError as exc:  # DecodeError too
+            detail = f"stream {stream_id}: {exc.detail}" if isinstance(exc, DecodeError) else exc.detail
+            self.fail(exc.code, detail)
             return
-        if held or decoder.buffered:
-            self._account_unfinished(stream, decoder.buffered - held)
-            if self._close_reason is not None:
-                return
+        if stream.decoder.buffered and self._frame_timer is None:
+            self._frame_timer = self._loop.call_later(self._config.frame_timeout, self._check_frames)
         for frame in frames:
             if not self._on_frame(stream, frame):
                 return
@@ -592,29 +592,7 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
             elif stream.is_control:
                 self.fail(ErrorCode.PROTOCOL_VIOLATION, "the control stream was finished")
             else:
-                del self._inbound[stream_id]
-
-    def _account_unfinished(self, stream: InboundStream, grown: int) -> None:
-        """Count what a stream's unfinished frame grew (or shrank) by; fail the
-        connection past its own or the node's bound on unfinished frames."""
-        self._unfinished += grown
-        node = self._node_unfinished
-        node.bytes += grown
-        if stream.decoder.buffered:
-            stream.progress = time.monotonic()
-            if self._frame_timer is None:
-                self._frame_timer = self._loop.call_later(self._config.frame_timeout, self._check_frames)
-        per_connection = max(self._config.unfinished_bytes_per_connection, self._config.max_message_size)
-        if self._unfinished > per_connection:
-            self.fail(
-                ErrorCode.RESOURCE_EXHAUSTED,
-                f"limit unfinished_bytes_per_connection ({per_connection}) reached: frames received in part",
-            )
-        elif node.bytes > node.limit:
-            self.fail(
-                ErrorCode.RESOURCE_EXHAUSTED,
-                f"limit unfinished_bytes ({node.limit}) reached: frames received in part by all connections",
-            )
+                self._inbound.end(stream_id)
 
     def _check_frames(self) -> None:
         """Fail the connection if a frame made no progress for ``frame_timeout`` seconds;
@@ -622,44 +600,14 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         self._frame_timer = None
         if self._close_reason is not None:
             return
-        timeout = self._config.frame_timeout
-        waiting = [
-            (stream.progress, stream_id)
-            for stream_id, stream in self._inbound.items()
-            if stream.decoder.buffered
-        ]
-        if not waiting:
-            return
-        progress, stream_id = min(waiting)
-        idle = time.monotonic() - progress
-        if idle >= timeout:
-            self.fail(
-                ErrorCode.TIMEOUT,
-                f"limit frame_timeout ({timeout:g} s) reached: the frame on stream {stream_id} stalled",
-            )
-        else:
-            self._frame_timer = self._loop.call_later(timeout - idle, self._check_frames)
-
-    def _release_unfinished(self) -> None:
-        """The connection is closed: its unfinished frames are dropped, not kept until
-        the connection object goes."""
-        self._node_unfinished.bytes -= self._unfinished
-        self._unfinished = 0
-        self._inbound.clear()
-        if self._frame_timer is not None:
-            self._frame_timer.cancel()
-            self._frame_timer = None
-
-    def _accept_stream(self, stream_id: int) -> InboundStream | None:
-        """Receive state for a stream the peer started using, or None after failing."""
+        now = time.monotonic()
         try:
-            is_control = is_control_stream(stream_id, self._is_client)
+            again = self._inbound.next_check(now)
         except CcoError as exc:
             self.fail(exc.code, exc.detail)
-            return None
-        stream = InboundStream(self._config.max_message_size, is_control)
-        self._inbound[stream_id] = stream
-        return stream
+            return
+        if again is not None:
+            self._frame_timer = self._loop.call_later(again - now, self._check_frames)
 
     def _on_frame(self, stream: InboundStream, frame: bytes) -> bool:
         """Handle one complete frame; False once the connection has been failed."""

@@ -67,3 +67,104 @@ class UnfinishedFrames:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.bytes = 0
+
+
+class InboundStreams:
+    """One connection's streams as received, and its share of the bounds on frames
+    received in part (draft section "Resource Limits"): at most ``per_connection``
+    bytes held in part on this connection, the node's :class:`UnfinishedFrames` across
+    all its connections, and no frame left without progress for ``frame_timeout``
+    seconds.  No loop and no clock: times come in as arguments, and a bound reached is
+    a :class:`CcoError` that the link closes the connection with."""
+
+    __slots__ = (
+        "_frame_timeout",
+        "_is_client",
+        "_max_message_size",
+        "_node",
+        "_per_connection",
+        "streams",
+        "unfinished",
+    )
+
+    def __init__(
+        self,
+        *,
+        is_client: bool,
+        max_message_size: int,
+        per_connection: int,
+        node: UnfinishedFrames,
+        frame_timeout: float,
+    ) -> None:
+        self._is_client = is_client
+        self._max_message_size = max_message_size
+        self._per_connection = max(per_connection, max_message_size)  # one whole frame always fits
+        self._node = node
+        self._frame_timeout = frame_timeout
+        self.streams: dict[int, InboundStream] = {}
+        self.unfinished = 0
+        """Bytes of frames received in part on this connection."""
+
+    def stream(self, stream_id: int) -> InboundStream:
+        """The receive state of ``stream_id``, made when the peer first uses it;
+        PROTOCOL_VIOLATION for a stream that is neither the control nor a data stream."""
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            stream = InboundStream(self._max_message_size, is_control_stream(stream_id, self._is_client))
+            self.streams[stream_id] = stream
+        return stream
+
+    def feed(self, stream: InboundStream, data: bytes, now: float) -> list[bytes]:
+        """The frames ``data`` completes on ``stream``.  DecodeError for bad framing;
+        RESOURCE_EXHAUSTED once what this connection or the node holds in part passes
+        its bound (counted first, so that :meth:`release` gives it all back)."""
+        decoder = stream.decoder
+        held = decoder.buffered
+        frames = decoder.feed(data)
+        if held or decoder.buffered:
+            self._count(stream, decoder.buffered - held, now)
+        return frames
+
+    def _count(self, stream: InboundStream, grown: int, now: float) -> None:
+        self.unfinished += grown
+        node = self._node
+        node.bytes += grown
+        if stream.decoder.buffered:
+            stream.progress = now
+        if self.unfinished > self._per_connection:
+            raise CcoError(
+                ErrorCode.RESOURCE_EXHAUSTED,
+                f"limit unfinished_bytes_per_connection ({self._per_connection}) reached: "
+                "frames received in part",
+            )
+        if node.bytes > node.limit:
+            raise CcoError(
+                ErrorCode.RESOURCE_EXHAUSTED,
+                f"limit unfinished_bytes ({node.limit}) reached: frames received in part by all connections",
+            )
+
+    def next_check(self, now: float) -> float | None:
+        """When the stalest frame held in part would stall (None: none is held);
+        TIMEOUT if it already has."""
+        waiting = [(s.progress, stream_id) for stream_id, s in self.streams.items() if s.decoder.buffered]
+        if not waiting:
+            return None
+        progress, stream_id = min(waiting)
+        if now - progress >= self._frame_timeout:
+            raise CcoError(
+                ErrorCode.TIMEOUT,
+                f"limit frame_timeout ({self._frame_timeout:g} s) reached: "
+                f"the frame on stream {stream_id} stalled",
+            )
+        return progress + self._frame_timeout
+
+    def end(self, stream_id: int) -> None:
+        """The peer finished a data stream at a frame boundary: nothing of it is held."""
+        del self.streams[stream_id]
+
+    def release(self) -> None:
+        """The connection is closed: what it held in part goes back to the node at once,
+        not when the connection object goes."""
+        self._node.bytes -= self.unfinished
+        self.unfinished = 0
+        self.streams.clear()

@@ -649,7 +649,7 @@ def test_data_travels_on_one_unidirectional_stream_per_group_in_order(pki: Path)
             outbound = protocol(link)._outbound
             assert set(outbound) == {GROUP_A, GROUP_B}
             assert all(stream_id % 4 == 2 for stream_id in outbound.values())
-            inbound = protocol(peer)._inbound
+            inbound = protocol(peer)._inbound.streams
             assert inbound[CONTROL_STREAM_ID].is_control
             assert {s.group_id for i, s in inbound.items() if i != CONTROL_STREAM_ID} == {GROUP_A, GROUP_B}
 
