@@ -161,6 +161,7 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
             per_connection=config.unfinished_bytes_per_connection,
             node=unfinished or UnfinishedFrames(config.unfinished_bytes),
             frame_timeout=config.frame_timeout,
+            clock=time.monotonic,
         )
         self._frame_timer: asyncio.TimerHandle | None = None
         self._outbound: dict[bytes, int] = {}
@@ -576,7 +577,7 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
     def _on_stream_data(self, stream_id: int, data: bytes, end_stream: bool) -> None:
         try:
             stream = self._inbound.stream(stream_id)
-            frames = self._inbound.feed(stream, data, time.monotonic())
+            frames = self._inbound.feed(stream, data)
         except CcoError as exc:  # DecodeError too
             detail = f"stream {stream_id}: {exc.detail}" if isinstance(exc, DecodeError) else exc.detail
             self.fail(exc.code, detail)
@@ -600,14 +601,13 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         self._frame_timer = None
         if self._close_reason is not None:
             return
-        now = time.monotonic()
         try:
-            again = self._inbound.next_check(now)
+            again = self._inbound.next_check()
         except CcoError as exc:
             self.fail(exc.code, exc.detail)
             return
         if again is not None:
-            self._frame_timer = self._loop.call_later(again - now, self._check_frames)
+            self._frame_timer = self._loop.call_later(again - time.monotonic(), self._check_frames)
 
     def _on_frame(self, stream: InboundStream, frame: bytes) -> bool:
         """Handle one complete frame; False once the connection has been failed."""

@@ -19,6 +19,8 @@ receive state (draft section "QUIC Mapping"):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.framing import FrameDecoder
 from cco.wire.messages import Abort, ChunkAck, ChunkMessage, RetransmitRequest
@@ -74,10 +76,12 @@ class InboundStreams:
     received in part (draft section "Resource Limits"): at most ``per_connection``
     bytes held in part on this connection, the node's :class:`UnfinishedFrames` across
     all its connections, and no frame left without progress for ``frame_timeout``
-    seconds.  No loop and no clock: times come in as arguments, and a bound reached is
-    a :class:`CcoError` that the link closes the connection with."""
+    seconds.  No loop: ``clock`` is read only when a frame is held in part (most
+    stream data completes its frames), and a bound reached is a :class:`CcoError` that
+    the link closes the connection with."""
 
     __slots__ = (
+        "_clock",
         "_frame_timeout",
         "_is_client",
         "_max_message_size",
@@ -95,7 +99,9 @@ class InboundStreams:
         per_connection: int,
         node: UnfinishedFrames,
         frame_timeout: float,
+        clock: Callable[[], float],
     ) -> None:
+        self._clock = clock
         self._is_client = is_client
         self._max_message_size = max_message_size
         self._per_connection = max(per_connection, max_message_size)  # one whole frame always fits
@@ -114,7 +120,7 @@ class InboundStreams:
             self.streams[stream_id] = stream
         return stream
 
-    def feed(self, stream: InboundStream, data: bytes, now: float) -> list[bytes]:
+    def feed(self, stream: InboundStream, data: bytes) -> list[bytes]:
         """The frames ``data`` completes on ``stream``.  DecodeError for bad framing;
         RESOURCE_EXHAUSTED once what this connection or the node holds in part passes
         its bound (counted first, so that :meth:`release` gives it all back)."""
@@ -122,15 +128,15 @@ class InboundStreams:
         held = decoder.buffered
         frames = decoder.feed(data)
         if held or decoder.buffered:
-            self._count(stream, decoder.buffered - held, now)
+            self._count(stream, decoder.buffered - held)
         return frames
 
-    def _count(self, stream: InboundStream, grown: int, now: float) -> None:
+    def _count(self, stream: InboundStream, grown: int) -> None:
         self.unfinished += grown
         node = self._node
         node.bytes += grown
         if stream.decoder.buffered:
-            stream.progress = now
+            stream.progress = self._clock()
         if self.unfinished > self._per_connection:
             raise CcoError(
                 ErrorCode.RESOURCE_EXHAUSTED,
@@ -143,14 +149,14 @@ class InboundStreams:
                 f"limit unfinished_bytes ({node.limit}) reached: frames received in part by all connections",
             )
 
-    def next_check(self, now: float) -> float | None:
-        """When the stalest frame held in part would stall (None: none is held);
-        TIMEOUT if it already has."""
+    def next_check(self) -> float | None:
+        """When, by ``clock``, the stalest frame held in part would stall (None: none
+        is held); TIMEOUT if it already has."""
         waiting = [(s.progress, stream_id) for stream_id, s in self.streams.items() if s.decoder.buffered]
         if not waiting:
             return None
         progress, stream_id = min(waiting)
-        if now - progress >= self._frame_timeout:
+        if self._clock() - progress >= self._frame_timeout:
             raise CcoError(
                 ErrorCode.TIMEOUT,
                 f"limit frame_timeout ({self._frame_timeout:g} s) reached: "
