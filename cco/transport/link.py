@@ -13,8 +13,9 @@ reach it through :meth:`LinkProtocol._schedule_transmit`, which coalesces a burs
 ``send()`` calls, or of datagrams read in one batch, into one transmit on the next
 loop iteration.
 
-**Flow control.**  Received messages are decoded at once and queued until the
-application calls :meth:`PeerLink.receive`.  When the queued bytes exceed
+**Flow control.**  Received messages are decoded at once and queued in the link's
+:class:`~cco.transport.inbox.Inbox` until the application calls
+:meth:`PeerLink.receive` (or handed to its listener).  When the queued bytes exceed
 ``receive_buffer`` we freeze QUIC connection credit (``credit.frozen``: aioquic's
 :class:`ReceiveCredit` stops growing, qh3's core keeps the data it has not handed
 over), so a fast peer stalls instead of growing our memory; reading below half the
@@ -36,7 +37,6 @@ import asyncio
 import enum
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from typing import cast
@@ -50,6 +50,7 @@ from aioquic.tls import AlertDescription
 from cco.transport.backend import QuicLink
 from cco.transport.config import TransportConfig
 from cco.transport.handshake import LocalIdentity, Session, accept_hello_ack, build_hello, negotiate
+from cco.transport.inbox import Inbox
 from cco.transport.pathstats import PathStats
 from cco.transport.peerlink import LinkClosed, Listener, PeerLink
 from cco.transport.streams import (
@@ -167,13 +168,13 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         self._outbound: dict[bytes, int] = {}
         self._send_limit = config.max_message_size
         self._queued_bytes = 0  # bytes ever handed to QUIC
-        self._inbox: deque[tuple[Message | CcoError, int]] = deque()
-        self._inbox_bytes = 0
-        self._readable = asyncio.Event()
-        self._listener: Listener | None = None
-        self._close_heard = False  # the listener was told of the close
-        self._delivered = 0  # messages handed to the listener in this turn of the event loop
-        self._turn: asyncio.Handle | None = None  # starts the next turn's budget
+        self._inbox = Inbox(
+            self._loop,
+            receive_buffer=config.receive_buffer,
+            messages_per_turn=config.messages_per_turn,
+            credit=quic.credit,
+            on_thaw=self._thaw,
+        )
         self._drainers: list[asyncio.Future[None]] = []
         self._transmit_handle: asyncio.Handle | None = None
         self._close_reason: tuple[ErrorCode, str] | None = None
@@ -314,86 +315,18 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
             self._drainers.clear()
 
     async def receive(self) -> Message:
-        while True:
-            if self._inbox:
-                item = self._take()
-                if isinstance(item, CcoError):
-                    raise item
-                return item
-            if self._close_reason is not None:
-                raise LinkClosed(*self._close_reason)
-            self._readable.clear()
-            await self._readable.wait()
-
-    def _take(self) -> Message | CcoError:
-        """The oldest queued item; reading below half the receive buffer thaws credit."""
-        item, size = self._inbox.popleft()
-        self._inbox_bytes -= size
-        credit = self._cco.credit
-        if credit.frozen and self._inbox_bytes <= self._config.receive_buffer // 2:
-            credit.frozen = False
-            self._loop.call_soon(self._thaw)
-        return item
+        return await self._inbox.get()
 
     def listen(self, listener: Listener) -> None:
         """Hand every message to ``listener`` as soon as it is decoded, instead of
-        queueing it for :meth:`receive` (which must not be used afterwards).
-
-        A message then reaches its reader in the event-loop callback that read its
-        datagram, not one turn later through a task woken for it: for a node that
-        handles each message at once, as a machine runner does, that turn cost each
-        message an Event, a Future and a task step.  Messages queued before are handed
-        over first, in order, on the loop's next turn; the close comes last, once."""
-        self._listener = listener
-        if self._inbox or self._close_reason is not None:
-            self._loop.call_soon(self._hand_over)
-
-    def _hand_over(self) -> None:
-        """Hand the listener what is queued, within this turn's budget (the rest on
-        the next turns), then the close once nothing is left."""
-        assert self._listener is not None
-        while self._inbox and self._within_budget():
-            self._listener.deliver(self._take())
-        if not self._inbox and self._close_reason is not None and not self._close_heard:
-            self._close_heard = True
-            self._listener.closed(*self._close_reason)
-
-    def _within_budget(self) -> bool:
-        """Count one more message handed to the listener in this turn of the event
-        loop; False when the turn's ``messages_per_turn`` are spent.
-
-        So one connection's flood costs its node at most that many messages' work
-        between two looks at every other connection's datagrams and timers: the rest
-        wait in the inbox, whose bound freezes the flooder's credit (:meth:`_enqueue`).
-        """
-        if self._delivered >= self._config.messages_per_turn:
-            return False
-        self._delivered += 1
-        if self._turn is None:
-            self._turn = self._loop.call_soon(self._next_turn)
-        return True
-
-    def _next_turn(self) -> None:
-        self._turn = None
-        self._delivered = 0
-        if self._listener is not None and (self._inbox or self._close_reason is not None):
-            self._hand_over()
+        queueing it for :meth:`receive` (see :meth:`Inbox.listen`)."""
+        self._inbox.listen(listener)
 
     def _thaw(self) -> None:
         """After unfreezing: take the events a backend held back (qh3 does), send the credit."""
         if self._close_reason is None:
             self._process_events()
         self._schedule_transmit()
-
-    def _enqueue(self, item: Message | CcoError, size: int) -> None:
-        if self._listener is not None and not self._inbox and self._within_budget():
-            self._listener.deliver(item)
-            return
-        self._inbox.append((item, size))
-        self._inbox_bytes += size
-        if self._inbox_bytes > self._config.receive_buffer:
-            self._cco.credit.frozen = True
-        self._readable.set()
 
     def fail(self, code: ErrorCode, detail: str, *, flush: bool = True) -> None:
         """Close the link with ``code``, sent to the peer as the application error code.
@@ -472,9 +405,7 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
             self._hello_timer.cancel()
         if not self.opened.done():
             self.opened.set_exception(LinkClosed(code, detail))
-        self._readable.set()
-        if self._listener is not None:
-            self._loop.call_soon(self._hand_over)  # never from inside the listener's own call
+        self._inbox.close(code, detail)
         self._wake_drainers()
 
     # --- QUIC side ----------------------------------------------------------------
@@ -617,7 +548,7 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
             if self._config.close_on_decode_error or self._phase is not _Phase.OPEN:
                 self.fail(exc.code, exc.detail)
                 return False
-            self._enqueue(exc, len(frame))
+            self._inbox.put(exc, len(frame))
             return True
         if stream.is_control:
             self._on_control_message(message, len(frame))
@@ -640,7 +571,7 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         elif isinstance(message, DATA_MESSAGES):
             self.fail(ErrorCode.PROTOCOL_VIOLATION, f"{type(message).__name__} on the control stream")
         else:
-            self._enqueue(message, size)
+            self._inbox.put(message, size)
 
     def _on_data_message(self, stream: InboundStream, message: Message, size: int) -> None:
         if not isinstance(message, DATA_MESSAGES):
@@ -655,7 +586,7 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         # packet), so it queues it; a server has sent no HelloAck yet, so data
         # before Hello is a violation.
         if self._phase is _Phase.OPEN or (self._is_client and self._phase is _Phase.HELLO):
-            self._enqueue(message, size)
+            self._inbox.put(message, size)
         else:
             self.fail(ErrorCode.PROTOCOL_VIOLATION, "data message before the session opened")
 

@@ -479,7 +479,7 @@ def test_a_listener_gets_what_was_queued_first_then_each_message_then_the_close_
             for message in early:
                 peer.send(message)
             await peer.drain()
-            while len(protocol(link)._inbox) < len(early):
+            while protocol(link)._inbox.queued < len(early):
                 await asyncio.sleep(0.01)  # all three decoded and queued, nobody listening
             recorder = Recorder()
             link.listen(recorder)
@@ -888,10 +888,11 @@ def test_unread_messages_stall_the_sender(pki: Path) -> None:
             history: list[int] = []
             while len(history) < 4 or len(set(history[-4:])) > 1:  # until the inbox stops growing
                 await asyncio.sleep(0.1)
-                history.append(receiver._inbox_bytes)
+                history.append(receiver._inbox.queued_bytes)
             assert not sender.done()
             assert receiver._cco.credit.frozen
-            assert 2 * mib < receiver._inbox_bytes <= 2 * mib + mib + mib + 1024  # buffer + window + 1 msg
+            queued = receiver._inbox.queued_bytes
+            assert 2 * mib < queued <= 2 * mib + mib + mib + 1024  # buffer + window + 1 msg
             assert [await peer.receive() for _ in messages] == messages
             await sender
 
