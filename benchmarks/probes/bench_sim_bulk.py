@@ -29,12 +29,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench_sim_round import one_round  # this directory: a script's own is on sys.path
 
-from cco.nodes.calls import CollectiveRequest
-from cco.nodes.events import OperationCompleted
 from cco.nodes.rendezvous import RendezvousConfig
 from cco.nodes.sim import Deployment, GroupSpec, build_cluster
-from cco.wire.registries import Collective, ReduceOp
 
 GROUP = bytes.fromhex("c1" * 16)
 RANKS = 4
@@ -49,19 +47,6 @@ def deployment(chunk_elements: int) -> Deployment:
     )
 
 
-def one_round(cluster: Deployment, inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None:
-    nodes = [cluster.cluster.nodes[node_id] for node_id in cluster.endpoint_ids(GROUP)]
-    for node in nodes:
-        node.outputs.clear()
-    requests = {
-        rank: CollectiveRequest(kind=Collective.ALL_REDUCE, op=ReduceOp.SUM, array=x, out=out)
-        for rank, (x, out) in enumerate(zip(inputs, outputs, strict=True))
-    }
-    outcomes = cluster.collective(GROUP, requests)
-    if len(outcomes) != RANKS or not all(isinstance(o, OperationCompleted) for o in outcomes.values()):
-        raise SystemExit(f"a round failed: {outcomes}")
-
-
 def cpu_per_round(chunk_elements: int, elements: int, rounds: int) -> float:
     """Median process CPU seconds of one hot round, every rank's result checked."""
     rng = np.random.default_rng(chunk_elements)
@@ -70,11 +55,11 @@ def cpu_per_round(chunk_elements: int, elements: int, rounds: int) -> float:
     expected = np.sum(inputs, axis=0, dtype=np.float64).astype(np.float32)
     outputs = [np.empty(elements, np.float32) for _ in range(RANKS)]
     cluster = deployment(chunk_elements)
-    one_round(cluster, inputs, outputs)  # warm: compiled loops, caches, pages
+    one_round(cluster, GROUP, inputs, outputs)  # warm: compiled loops, caches, pages
     samples = []
     for _ in range(rounds):
         start = time.process_time()
-        one_round(cluster, inputs, outputs)
+        one_round(cluster, GROUP, inputs, outputs)
         samples.append(time.process_time() - start)
         for out in outputs:
             np.testing.assert_array_equal(out, expected)

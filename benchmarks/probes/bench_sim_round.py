@@ -49,20 +49,25 @@ def rounds(cluster: Deployment, count: int) -> list[np.ndarray]:
     inputs = [np.array([rank, 1], dtype=np.float32) for rank in range(RANKS)]
     outputs = [np.empty(2, dtype=np.float32) for _ in range(RANKS)]
     expected = np.array([sum(range(RANKS)), RANKS], dtype=np.float32)
-    nodes = [cluster.cluster.nodes[node_id] for node_id in cluster.endpoint_ids(GROUP)]
     for _ in range(count):
-        for node in nodes:
-            node.outputs.clear()  # what outcomes() searches: one round's, not every round's
-        requests = {
-            rank: CollectiveRequest(kind=Collective.ALL_REDUCE, op=ReduceOp.SUM, array=x, out=out)
-            for rank, (x, out) in enumerate(zip(inputs, outputs, strict=True))
-        }
-        outcomes = cluster.collective(GROUP, requests)
-        if len(outcomes) != RANKS or not all(isinstance(o, OperationCompleted) for o in outcomes.values()):
-            raise SystemExit(f"a round failed: {outcomes}")
+        one_round(cluster, GROUP, inputs, outputs)
         for out in outputs:
             np.testing.assert_array_equal(out, expected)
     return outputs
+
+
+def one_round(cluster: Deployment, group: bytes, inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None:
+    """One all-reduce SUM of each rank's input into its output (rank = list index);
+    SystemExit if a rank's call did not complete."""
+    for node_id in cluster.endpoint_ids(group):
+        cluster.cluster.nodes[node_id].outputs.clear()  # what outcomes() searches: this round's
+    requests = {
+        rank: CollectiveRequest(kind=Collective.ALL_REDUCE, op=ReduceOp.SUM, array=x, out=out)
+        for rank, (x, out) in enumerate(zip(inputs, outputs, strict=True))
+    }
+    outcomes = cluster.collective(group, requests)
+    if len(outcomes) != len(inputs) or not all(isinstance(o, OperationCompleted) for o in outcomes.values()):
+        raise SystemExit(f"a round failed: {outcomes}")
 
 
 def main(argv: list[str] | None = None) -> int:

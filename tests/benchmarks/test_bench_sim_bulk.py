@@ -16,7 +16,7 @@ def test_a_round_gives_every_rank_the_exact_sum() -> None:
     cluster = bench_sim_bulk.deployment(chunk_elements=1024)
     inputs = [np.full(3000, rank + 1, np.float32) for rank in range(bench_sim_bulk.RANKS)]
     outputs = [np.zeros(3000, np.float32) for _ in range(bench_sim_bulk.RANKS)]
-    bench_sim_bulk.one_round(cluster, inputs, outputs)
+    bench_sim_bulk.one_round(cluster, bench_sim_bulk.GROUP, inputs, outputs)
     for out in outputs:
         np.testing.assert_array_equal(out, np.full(3000, 1 + 2 + 3 + 4, np.float32))
 

@@ -6,6 +6,7 @@ buffer freeze the credit and reading back under half of it thaws it."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -36,6 +37,22 @@ class Recorder:
         self.closes.append((code, detail))
 
 
+def inbox(
+    receive_buffer: int = 1 << 20,
+    messages_per_turn: int = 64,
+    credit: Credit | None = None,
+    on_thaw: Callable[[], None] = lambda: None,
+) -> Inbox:
+    """An inbox on the running loop."""
+    return Inbox(
+        asyncio.get_running_loop(),
+        receive_buffer=receive_buffer,
+        messages_per_turn=messages_per_turn,
+        credit=credit or Credit(),
+        on_thaw=on_thaw,
+    )
+
+
 def beats(count: int) -> list[Message]:
     return [Heartbeat(seq=i) for i in range(count)]
 
@@ -49,20 +66,14 @@ async def turns(recorder: Recorder, count: int) -> None:
 def test_a_listener_gets_the_queue_first_within_a_budget_per_turn_then_the_close_once() -> None:
     async def scenario() -> Recorder:
         thawed: list[bool] = []
-        inbox = Inbox(
-            asyncio.get_running_loop(),
-            receive_buffer=1 << 20,
-            messages_per_turn=2,
-            credit=Credit(),
-            on_thaw=lambda: thawed.append(True),
-        )
+        queue = inbox(messages_per_turn=2, on_thaw=lambda: thawed.append(True))
         for message in beats(3):
-            inbox.put(message, 10)
+            queue.put(message, 10)
         recorder = Recorder()
-        inbox.listen(recorder)
-        inbox.put(Heartbeat(seq=3), 10)  # queued behind the others, not handed over first
-        inbox.close(ErrorCode.NO_ERROR, "bye")
-        inbox.close(ErrorCode.INTERNAL_ERROR, "a second close changes nothing")
+        queue.listen(recorder)
+        queue.put(Heartbeat(seq=3), 10)  # queued behind the others, not handed over first
+        queue.close(ErrorCode.NO_ERROR, "bye")
+        queue.close(ErrorCode.INTERNAL_ERROR, "a second close changes nothing")
         await turns(recorder, 6)
         assert not thawed
         return recorder
@@ -78,45 +89,33 @@ def test_queued_bytes_past_the_buffer_freeze_the_credit_and_reading_thaws_it() -
     async def scenario() -> tuple[list[bool], Inbox]:
         thawed: list[bool] = []
         credit = Credit()
-        inbox = Inbox(
-            asyncio.get_running_loop(),
-            receive_buffer=100,
-            messages_per_turn=64,
-            credit=credit,
-            on_thaw=lambda: thawed.append(True),
-        )
+        queue = inbox(receive_buffer=100, credit=credit, on_thaw=lambda: thawed.append(True))
         for message in beats(4):
-            inbox.put(message, 40)
-        assert credit.frozen and inbox.queued == 4 and inbox.queued_bytes == 160
-        await inbox.get()  # 120 left: above half the buffer, still frozen
+            queue.put(message, 40)
+        assert credit.frozen and queue.queued == 4 and queue.queued_bytes == 160
+        await queue.get()  # 120 left: above half the buffer, still frozen
         assert credit.frozen
-        await inbox.get()
-        await inbox.get()  # 40 left: thawed
+        await queue.get()
+        await queue.get()  # 40 left: thawed
         assert not credit.frozen
         await asyncio.sleep(0)
-        return thawed, inbox
+        return thawed, queue
 
-    thawed, inbox = asyncio.run(scenario())
-    assert thawed == [True] and inbox.queued == 1
+    thawed, queue = asyncio.run(scenario())
+    assert thawed == [True] and queue.queued == 1
 
 
 def test_get_raises_a_queued_decode_error_then_link_closed_once_empty() -> None:
     async def scenario() -> None:
-        inbox = Inbox(
-            asyncio.get_running_loop(),
-            receive_buffer=1 << 20,
-            messages_per_turn=64,
-            credit=Credit(),
-            on_thaw=lambda: None,
-        )
-        inbox.put(DecodeError(ErrorCode.MALFORMED_CBOR, "not CBOR"), 5)
-        inbox.put(Heartbeat(seq=7), 5)
-        inbox.close(ErrorCode.PEER_LOST, "gone")
+        queue = inbox()
+        queue.put(DecodeError(ErrorCode.MALFORMED_CBOR, "not CBOR"), 5)
+        queue.put(Heartbeat(seq=7), 5)
+        queue.close(ErrorCode.PEER_LOST, "gone")
         with pytest.raises(DecodeError):
-            await inbox.get()
-        assert await inbox.get() == Heartbeat(seq=7)
+            await queue.get()
+        assert await queue.get() == Heartbeat(seq=7)
         with pytest.raises(LinkClosed) as closed:
-            await inbox.get()
+            await queue.get()
         assert closed.value.code is ErrorCode.PEER_LOST
 
     asyncio.run(scenario())
@@ -124,17 +123,11 @@ def test_get_raises_a_queued_decode_error_then_link_closed_once_empty() -> None:
 
 def test_a_waiting_reader_wakes_for_a_message() -> None:
     async def scenario() -> Message:
-        inbox = Inbox(
-            asyncio.get_running_loop(),
-            receive_buffer=1 << 20,
-            messages_per_turn=64,
-            credit=Credit(),
-            on_thaw=lambda: None,
-        )
-        waiting = asyncio.ensure_future(inbox.get())
+        queue = inbox()
+        waiting = asyncio.ensure_future(queue.get())
         await asyncio.sleep(0)
         assert not waiting.done()
-        inbox.put(Heartbeat(seq=1), 5)
+        queue.put(Heartbeat(seq=1), 5)
         return await asyncio.wait_for(waiting, 5)
 
     assert asyncio.run(scenario()) == Heartbeat(seq=1)
