@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from quic_cluster import Cluster, run
 
-from cco.client import Communicator, GroupSpec, StripedCommunicator
+from cco.client import BlockingCommunicator, Communicator, GroupSpec, StripedCommunicator
 from cco.client.striped import (
     CUT_ALIGNMENT,
     MIN_STRIPE_ELEMENTS,
@@ -266,5 +266,37 @@ def test_a_failed_part_fails_the_whole_call_with_its_typed_error(pki: Path) -> N
             assert _same(await _on_all(comms, lambda c: c.all_reduce(small)), small * WORLD)
         finally:
             await cluster.close()
+
+    run(scenario, timeout=300)
+
+
+def test_the_blocking_communicator_runs_over_stripes(pki: Path) -> None:
+    """``BlockingCommunicator.from_pki(..., stripes=2)`` on four threads: a striped sum,
+    and the guard against inf (its one-byte all-gather on stripe 0 beside the cut call)."""
+    group = bytes.fromhex("60" * 16)
+
+    async def scenario() -> None:
+        cluster = Cluster(pki, aggregators=2, params=RELAXED, capacity=1)
+        await cluster.start()
+        spec = GroupSpec(group_id=group, world_size=WORLD, credential=b"pw", rendezvous=cluster.rendezvous)
+
+        def rank(i: int) -> tuple[np.ndarray, np.ndarray, int]:
+            with BlockingCommunicator.from_pki(
+                spec, f"ep-{i}", pki, timeout=60, stripes=STRIPES, max_datagram_size=16000
+            ) as comm:
+                total = comm.all_reduce(np.full(LARGE, i + 1, dtype=np.int32))
+                values = np.ones(LARGE, dtype=np.float32)
+                if i == 2:
+                    values[LARGE - 1] = np.inf  # in stripe 1's run
+                guarded = comm.all_reduce(values, nonfinite="propagate")
+                return total, guarded, comm.world_size
+
+        try:
+            results = await asyncio.gather(*(asyncio.to_thread(rank, i) for i in range(WORLD)))
+        finally:
+            await cluster.close()
+        for total, guarded, world in results:
+            assert world == WORLD and (total == sum(range(1, WORLD + 1))).all()
+            assert np.isnan(guarded).all(), "NaN on every rank, in every stripe's run"
 
     run(scenario, timeout=300)

@@ -92,7 +92,8 @@ def test_stripes_come_from_options_or_cco_stripes_each_with_its_own_certificate(
             None, global_rank=0, group_name="0", default_group=True, environ=environ | {"CCO_STRIPES": "two"}
         )
     (pki / "ca.key").unlink()
-    with pytest.raises(CcoError, match=r"no certificate for node id ep-0.s1 .*cco-node certs --dir DIR ep-0.s1:endpoint"):
+    named = r"no certificate for node id ep-0.s1 .*cco-node certs --dir DIR ep-0.s1:endpoint"
+    with pytest.raises(CcoError, match=named):
         settings(Options(stripes=3), global_rank=0, group_name="0", default_group=True, environ=environ)
 
 
