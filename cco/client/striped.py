@@ -171,7 +171,11 @@ class StripedCommunicator:
             )
             for k, transport in enumerate(transports)
         ]
-        await asyncio.wait(joins)
+        try:
+            await asyncio.wait(joins)
+        except BaseException:  # cancelled: no stripe may stay joined
+            _abandon(joins)
+            raise
         errors = [join.exception() for join in joins]
         failed = next((error for error in errors if error is not None), None)
         if failed is not None:
@@ -450,6 +454,17 @@ async def _all_parts(
     if failed is not None:
         raise failed
     return finish()
+
+
+def _abandon(joins: Sequence[asyncio.Future[Communicator]]) -> None:
+    """Stop joining: joins still under way are cancelled (Communicator.join closes its
+    session then), and stripes already joined leave at once."""
+    for join in joins:
+        if not join.done():
+            join.cancel()
+        elif not join.cancelled() and join.exception() is None:
+            leaving = asyncio.ensure_future(join.result().close(linger=False))
+            leaving.add_done_callback(_retrieve)
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

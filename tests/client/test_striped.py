@@ -300,3 +300,26 @@ def test_the_blocking_communicator_runs_over_stripes(pki: Path) -> None:
             assert np.isnan(guarded).all(), "NaN on every rank, in every stripe's run"
 
     run(scenario, timeout=300)
+
+
+def test_a_stripe_that_cannot_join_leaves_none_joined(pki: Path) -> None:
+    """Stripe 1 presents another node's certificate: its join fails, stripe 0 (joined)
+    leaves, and the same rank can join again at once."""
+    group = bytes.fromhex("61" * 16)
+
+    async def scenario() -> None:
+        cluster = Cluster(pki, aggregators=2, params=RELAXED, capacity=1)
+        await cluster.start()
+        try:
+            spec = GroupSpec(group_id=group, world_size=1, credential=b"pw", rendezvous=cluster.rendezvous)
+            wrong = [cluster.transport("ep-0"), cluster.transport("ep-1")]  # ep-1's for ep-0.s1
+            with pytest.raises(ValueError, match=r"not 'ep-0\.s1'"):
+                await StripedCommunicator.join(spec, "ep-0", wrong, timeout=30)
+            right = [cluster.transport(stripe_node_id("ep-0", k)) for k in range(STRIPES)]
+            async with await StripedCommunicator.join(spec, "ep-0", right, timeout=30) as comm:
+                ones = np.ones(LARGE, dtype=np.int64)
+                assert _same([await comm.all_reduce(ones)], ones)
+        finally:
+            await cluster.close()
+
+    run(scenario, timeout=300)
