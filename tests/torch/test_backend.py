@@ -66,4 +66,5 @@ def test_two_stripes_are_bit_identical_to_one(job: Job, tmp_path: Path) -> None:
     names = checked(reports)
     assert "stripes: all_reduce bit-identical to one stripe, on every rank" in names
     assert "stripes: DDP with no hook cut buckets over stripe 1" in names
+    assert "stripes: reduce_scatter_tensor bit-identical to one stripe" in names
     assert "stripes: DDP with the hook at width 16 bit-identical to one stripe, on every rank" in names

@@ -579,6 +579,28 @@ def phase_stripes(checks: Checks, args: argparse.Namespace) -> None:
         "stripes: all_reduce bit-identical to one stripe, on every rank",
         torch.equal(striped, single) and all(torch.equal(rows[0], r) for r in rows),
     )
+    moved = torch.arange(3 * MIN_STRIPE_ELEMENTS + 7, dtype=torch.float64) * (rank + 1)
+    segment = torch.randn(2 * MIN_STRIPE_ELEMENTS + 5, generator=torch.Generator().manual_seed(rank))
+    world = dist.get_world_size()
+    scattered = torch.randn(
+        world * (2 * MIN_STRIPE_ELEMENTS + 8192), generator=torch.Generator().manual_seed(rank)
+    )
+    results = []
+    for group in (None, whole):
+        sent = moved.clone()
+        dist.broadcast(sent, src=1, group=group)
+        gathered_all = torch.empty(world * segment.numel())
+        dist.all_gather_into_tensor(gathered_all, segment, group=group)
+        mine = torch.empty(scattered.numel() // world)
+        dist.reduce_scatter_tensor(mine, scattered, group=group)
+        results.append((sent, gathered_all, mine))
+    for name, striped_one, single_one in zip(
+        ("broadcast", "all_gather_into_tensor", "reduce_scatter_tensor"), *results, strict=True
+    ):
+        checks.add(f"stripes: {name} bit-identical to one stripe", torch.equal(striped_one, single_one))
+    checks.add(
+        "stripes: broadcast is the root's", torch.equal(results[0][0], torch.arange(moved.numel()) * 2.0)
+    )
     stripe = dist.group.WORLD.communicator._comm.stripes[1]  # type: ignore[union-attr]  # the test looks inside
     for name, hook in (("no hook", None), ("the hook at width 16", hooks.allreduce_hook)):
         state = hooks.CcoHookState(width=16) if hook is not None else None
