@@ -8,7 +8,8 @@ The client API is available from the top level::
     total = await comm.all_reduce(x, "sum")
 
 Groups and sessions: GroupSpec, Communicator (asyncio), BlockingCommunicator (threads),
-FallbackAggregator, PartialResult.  Calls and their errors: CollectiveRequest,
+FallbackAggregator, PartialResult, StripedCommunicator (one job's calls cut over
+several groups, and so several aggregators).  Calls and their errors: CollectiveRequest,
 Collective, ReduceOp, DType, Quorum, CcoError, ErrorCode, OperationError
 (``cco.client.NonFiniteError`` for ``nonfinite="report"``).  Identity: TransportConfig,
 create_dev_pki, Role.  torch.distributed: ``import cco.torch`` registers the "cco"
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
         FallbackAggregator,
         GroupSpec,
         PartialResult,
+        StripedCommunicator,
     )
     from cco.nodes.calls import CollectiveRequest, OperationError
     from cco.nodes.operation import Quorum
@@ -43,6 +45,7 @@ _EXPORTS = {
     "GroupSpec": "cco.client",
     "FallbackAggregator": "cco.client",
     "PartialResult": "cco.client",
+    "StripedCommunicator": "cco.client",
     "Quorum": "cco.nodes.operation",
     "CollectiveRequest": "cco.nodes.calls",
     "OperationError": "cco.nodes.calls",
@@ -71,6 +74,7 @@ __all__ = [
     "Quorum",
     "ReduceOp",
     "Role",
+    "StripedCommunicator",
     "TransportConfig",
     "create_dev_pki",
 ]

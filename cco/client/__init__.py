@@ -7,6 +7,10 @@ Two faces over one endpoint session (:class:`~cco.nodes.endpoint.EndpointMachine
 * :class:`BlockingCommunicator`, for plain code: the same calls, run on a private
   event loop thread; ``start_*`` return a :class:`concurrent.futures.Future`.
 
+:class:`StripedCommunicator` (:mod:`~cco.client.striped`) cuts each large call of one
+job over several groups (stripes), and so over several aggregators' cores;
+:class:`BlockingCommunicator` runs over it too, given one transport per stripe.
+
 Every result has passed verification (range, contributor bitmap and homomorphic
 tag, or the hop-by-hop checks for MIN/MAX/bitwise ops) before it is returned.  Every
 failure is an :class:`~cco.wire.errors.CcoError`; failures of a collective are
@@ -24,8 +28,10 @@ from cco.client.arrays import NonFinite, NonFiniteError, PartialResult, reduce_o
 from cco.client.blocking import BlockingCommunicator
 from cco.client.communicator import OFF_LOOP_ELEMENTS, Communicator
 from cco.client.spec import FallbackAggregator, GroupSpec, default_rank
+from cco.client.striped import MIN_STRIPE_ELEMENTS, StripedCommunicator
 
 __all__ = [
+    "MIN_STRIPE_ELEMENTS",
     "OFF_LOOP_ELEMENTS",
     "BlockingCommunicator",
     "Communicator",
@@ -34,6 +40,7 @@ __all__ = [
     "NonFinite",
     "NonFiniteError",
     "PartialResult",
+    "StripedCommunicator",
     "default_rank",
     "reduce_op",
 ]

@@ -11,7 +11,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -20,6 +20,7 @@ import numpy as np
 from cco.client.arrays import NonFinite, PartialResult, prepare_input, present, reduce_op
 from cco.client.communicator import DEFAULT_JOIN_TIMEOUT, Communicator
 from cco.client.spec import GroupSpec
+from cco.client.striped import StripedCommunicator, stripe_node_id
 from cco.services.polling import event_loop_factory
 from cco.transport import TransportConfig
 from cco.wire.errors import CcoError, ErrorCode
@@ -59,13 +60,16 @@ class BlockingCommunicator:
         self,
         spec: GroupSpec,
         node_id: str,
-        transport: TransportConfig,
+        transport: TransportConfig | Sequence[TransportConfig],
         timeout: float = DEFAULT_JOIN_TIMEOUT,
         *,
         busy_poll_us: int = 0,
         preload: bool = True,
     ) -> None:
-        """``busy_poll_us``: how long the session's loop keeps polling for datagrams
+        """``transport``: this node's, or one per stripe (see
+        :class:`~cco.client.striped.StripedCommunicator`: ``node_id``'s first, then
+        ``<node_id>.s1``'s ...), to stripe every call's large arrays over as many groups.
+        ``busy_poll_us``: how long the session's loop keeps polling for datagrams
         before it sleeps (:mod:`cco.services.polling`): shorter small collectives
         where waking a sleeping thread is slow, for that much CPU after each.
         ``preload``: as for :meth:`Communicator.join`."""
@@ -75,10 +79,13 @@ class BlockingCommunicator:
         self._closed = False
         self._calls: set[concurrent.futures.Future[Any]] = set()  # submitted and not yet done
         self._thread.start()
+        joining: Coroutine[Any, Any, Communicator | StripedCommunicator] = (
+            Communicator.join(spec, node_id, transport, timeout, preload=preload)
+            if isinstance(transport, TransportConfig)
+            else StripedCommunicator.join(spec, node_id, transport, timeout, preload=preload)
+        )
         try:
-            self._comm: Communicator = self._call(
-                Communicator.join(spec, node_id, transport, timeout, preload=preload)
-            )
+            self._comm: Communicator | StripedCommunicator = self._call(joining)
         except BaseException:
             self._closed = True
             self._stop()
@@ -93,11 +100,16 @@ class BlockingCommunicator:
         timeout: float = DEFAULT_JOIN_TIMEOUT,
         *,
         busy_poll_us: int = 0,
+        stripes: int = 1,
         **transport: Any,
     ) -> BlockingCommunicator:
         """Join with the credentials ``cco-node certs`` (or ``cco-node standalone``) wrote
-        for ``node_id`` in ``pki_dir``; keywords go to :class:`TransportConfig`."""
-        config = TransportConfig.for_node(pki_dir, node_id, **transport)
+        for ``node_id`` in ``pki_dir`` (with ``stripes`` above 1, also for ``<node_id>.s1``
+        ...); keywords go to :class:`TransportConfig`."""
+        configs = [
+            TransportConfig.for_node(pki_dir, stripe_node_id(node_id, k), **transport) for k in range(stripes)
+        ]
+        config = configs[0] if stripes == 1 else configs
         return cls(spec, node_id, config, timeout, busy_poll_us=busy_poll_us)
 
     @property

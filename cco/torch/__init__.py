@@ -72,8 +72,9 @@ def create(backend_options: Any, pg_options: Options | None) -> ProcessGroupCCO:
         rendezvous_id=resolved.rendezvous_id,
     )
     join_timeout = resolved.join_timeout if resolved.join_timeout is not None else timeout.total_seconds()
+    transport = (resolved.transport, *resolved.stripes) if resolved.stripes else resolved.transport
     comm = BlockingCommunicator(
-        spec, resolved.node_id, resolved.transport, join_timeout, busy_poll_us=resolved.busy_poll_us
+        spec, resolved.node_id, transport, join_timeout, busy_poll_us=resolved.busy_poll_us
     )
     group = ProcessGroupCCO(rank, size, comm, width=resolved.width, nonfinite=resolved.nonfinite)
     _close_at_exit(group)

@@ -12,6 +12,9 @@ used too), and ``<id>.g<group>`` for a process group made with ``new_group``, wh
 needs a session, and so a certificate, of its own.  A missing certificate is issued
 on the spot when the PKI directory holds the CA key (a development PKI, such as
 ``cco-node standalone``'s); otherwise the error names the command that issues it.
+With ``stripes`` S above 1 (``CCO_STRIPES``), each process group is S groups
+(:class:`~cco.client.striped.StripedCommunicator`), stripe k's session under the node
+id ``<id>.s<k>``, its certificate found or issued the same way.
 
 The group id and the join credential are not configured: rank 0 draws both at random
 and hands them to the others through the store torch gives the backend (``env://``,
@@ -30,6 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cco.client.arrays import NONFINITE_MODES, NonFinite
+from cco.client.striped import stripe_node_id
 from cco.config import resolve
 from cco.transport import TransportConfig, create_dev_pki
 from cco.transport.certs import CA_KEY_FILE, is_valid_node_id, node_paths
@@ -40,6 +44,8 @@ from cco.wire.registries import Role
 WIDTHS = (8, 16, 32, 64)
 NONFINITE_CHOICES = (*NONFINITE_MODES, "raise")
 DEFAULT_NODE_ID = "ep-{rank}"
+MAX_STRIPES = 64
+STRIPES_ENV = "CCO_STRIPES"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,8 +80,20 @@ class Options:
     QUIC idle timeout above it; the window itself is the rendezvous's (``--liveness-ms``)."""
     transport: dict[str, Any] | None = None
     """More :class:`~cco.transport.TransportConfig` fields (``max_datagram_size`` ...)."""
+    stripes: int | None = None
+    """How many groups (stripes) each process group's large calls are cut over
+    (``CCO_STRIPES``; default 1): S aggregators' cores for one job when the rendezvous
+    places each group on another aggregator (``cco-node --workers``), for S sessions
+    and certificates per rank (node ids ``<id>.s1`` ...).  Every rank passes the same.
+    See :class:`~cco.client.striped.StripedCommunicator` and the tuning guide."""
 
     def __post_init__(self) -> None:
+        if self.stripes is not None and not (
+            isinstance(self.stripes, int)
+            and not isinstance(self.stripes, bool)
+            and 1 <= self.stripes <= MAX_STRIPES
+        ):
+            raise ValueError(f"stripes {self.stripes!r} is not an int in [1, {MAX_STRIPES}]")
         if self.width is not None and self.width not in WIDTHS:
             raise ValueError(f"width {self.width} is not one of {WIDTHS}")
         if self.nonfinite is not None and self.nonfinite not in NONFINITE_CHOICES:
@@ -90,6 +108,8 @@ class Settings:
     rendezvous_id: str
     node_id: str
     transport: TransportConfig
+    stripes: tuple[TransportConfig, ...]
+    """The transports of stripes 1, 2 ... (node ids ``<node_id>.s1`` ...); empty: one stripe."""
     labels: tuple[str, ...]
     width: int | None
     nonfinite: NonFinite | None
@@ -108,7 +128,8 @@ def settings(
     environ: dict[str, str] | None = None,
 ) -> Settings:
     """Resolve ``options`` over the environment for one process group of this rank."""
-    environ = dict(os.environ) if environ is None else environ
+    environ = dict(os.environ if environ is None else environ)
+    stripes_text = environ.pop(STRIPES_ENV, None)  # the backend's own, not a node option
     options = options if options is not None else Options()
     choice = options.nonfinite or "propagate"
     nonfinite: NonFinite | None = (
@@ -127,6 +148,16 @@ def settings(
     liveness_ms = options.liveness_ms if options.liveness_ms is not None else node.liveness_ms
     overrides = {"idle_timeout": idle_timeout_above(liveness_ms), **(options.transport or {})}
     transport = _transport(node.values, pki_dir, node_id, overrides)
+    count = options.stripes if options.stripes is not None else _stripes_from(stripes_text)
+    if count > 1 and all(node.values.get(key) is not None for key in ("cert", "key", "ca")):
+        raise CcoError(
+            ErrorCode.INVALID_FIELD,
+            f"{count} stripes need a certificate per stripe ({stripe_node_id(node_id, 1)} ...): "
+            "give a PKI directory (CCO_PKI_DIR) instead of one certificate file",
+        )
+    stripes = tuple(
+        _transport(node.values, pki_dir, stripe_node_id(node_id, k), overrides) for k in range(1, count)
+    )
     width = options.width if options.width is not None else node.width
     if width is not None and width not in WIDTHS:
         raise CcoError(ErrorCode.INVALID_FIELD, f"CCO_WIDTH {width} is not one of {WIDTHS}")
@@ -138,6 +169,7 @@ def settings(
         rendezvous_id=node.rendezvous_id,
         node_id=node_id,
         transport=transport,
+        stripes=stripes,
         labels=tuple(node.labels),
         width=width,
         nonfinite=nonfinite,
@@ -146,6 +178,15 @@ def settings(
         group_id=group_id,
         credential=node.credential.encode() if node.credential else None,
     )
+
+
+def _stripes_from(text: str | None) -> int:
+    """``CCO_STRIPES``'s value (None: unset, one stripe)."""
+    if text is None:
+        return 1
+    if not text.isdigit() or not 1 <= int(text) <= MAX_STRIPES:
+        raise CcoError(ErrorCode.INVALID_FIELD, f"{STRIPES_ENV} {text!r} is not an int in [1, {MAX_STRIPES}]")
+    return int(text)
 
 
 def _group_tag(group_name: str) -> str:

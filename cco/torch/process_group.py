@@ -1,7 +1,8 @@
 """The "cco" torch.distributed backend: a Python ProcessGroup over one CCO session.
 
 Each process group is one CCO group membership (a :class:`~cco.client.BlockingCommunicator`
-on its own event-loop thread).  Every collective starts at once and returns a
+on its own event-loop thread), or one per stripe with ``Options.stripes`` above 1, its
+large calls cut over them (:mod:`cco.client.striped`).  Every collective starts at once and returns a
 :class:`Work` whose future completes, on a completion thread of the group, once the
 verified result is in the caller's output tensors; ``async_op=False`` is torch
 waiting on it.  Collectives run in the order they were called, as the ranks must

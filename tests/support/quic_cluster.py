@@ -32,8 +32,17 @@ def run(coroutine_factory: Callable[[], Awaitable[T]], timeout: float = 60.0) ->
 class Cluster:
     """A rendezvous and aggregators in this event loop; endpoints join on demand."""
 
-    def __init__(self, pki: Path, aggregators: int, max_fan_in: int = 4, params: GroupParams = FAST) -> None:
+    def __init__(
+        self,
+        pki: Path,
+        aggregators: int,
+        max_fan_in: int = 4,
+        params: GroupParams = FAST,
+        capacity: int | None = None,
+    ) -> None:
+        """``capacity``: how many groups each aggregator serves at once (None: the default)."""
         self.pki = pki
+        self.capacity = capacity
         self.params = params
         self.aggregators = aggregators
         self.max_fan_in = max_fan_in
@@ -64,7 +73,11 @@ class Cluster:
         # Bind first to learn the port, then give the machine its real address.
         _, agg_port = await listening.listen("127.0.0.1", 0)
         listening.runner.machine = AggregatorMachine(
-            AggregatorConfig(address=Address(host="127.0.0.1", port=agg_port), max_fan_in=self.max_fan_in)
+            AggregatorConfig(
+                address=Address(host="127.0.0.1", port=agg_port),
+                max_fan_in=self.max_fan_in,
+                **({} if self.capacity is None else {"capacity": self.capacity}),
+            )
         )
         host, port = self.rendezvous.split(":")
         await listening.join_rendezvous(host, int(port), "rendezvous")

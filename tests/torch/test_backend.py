@@ -55,3 +55,16 @@ def test_init_process_group_with_two_ranks_and_other_init_methods(
     reports = run_ranks(job, tmp_path, "init", 2, *args)
     assert not failures(reports), "\n".join(failures(reports))
     assert {"node id follows the rank", "a new_group over cco"} <= checked(reports)
+
+
+def test_two_stripes_are_bit_identical_to_one(job: Job, tmp_path: Path) -> None:
+    """``Options(stripes=2)``: each stripe's certificate issued on the spot in the job's
+    development PKI; all-reduce and DDP steps whose buckets are cut over the stripes
+    give the bits of a group with one stripe."""
+    reports = run_ranks(job, tmp_path, "stripes", 4, "--stripes", "2")
+    assert not failures(reports), "\n".join(failures(reports))
+    names = checked(reports)
+    assert "stripes: all_reduce bit-identical to one stripe, on every rank" in names
+    assert "stripes: DDP with no hook cut buckets over stripe 1" in names
+    assert "stripes: reduce_scatter_tensor bit-identical to one stripe" in names
+    assert "stripes: DDP with the hook at width 16 bit-identical to one stripe, on every rank" in names

@@ -68,6 +68,35 @@ def test_a_missing_certificate_or_directory_is_named_with_its_remedy(pki: Path) 
         Options(width=12)
 
 
+def test_stripes_come_from_options_or_cco_stripes_each_with_its_own_certificate(pki: Path) -> None:
+    environ = {"CCO_PKI_DIR": str(pki)}
+    one = settings(None, global_rank=0, group_name="0", default_group=True, environ=environ)
+    assert one.stripes == ()
+    three = settings(
+        None, global_rank=1, group_name="0", default_group=True, environ=environ | {"CCO_STRIPES": "3"}
+    )
+    assert [t.cert_file for t in three.stripes] == [pki / "ep-1.s1.pem", pki / "ep-1.s2.pem"]
+    assert three.transport.cert_file == pki / "ep-1.pem"
+    sub = settings(
+        Options(stripes=2),
+        global_rank=0,
+        group_name="4",
+        default_group=False,
+        environ=environ | {"CCO_STRIPES": "3"},
+    )
+    assert [t.cert_file for t in sub.stripes] == [pki / "ep-0.g4.s1.pem"]  # Options first
+    with pytest.raises(ValueError, match="stripes"):
+        Options(stripes=0)
+    with pytest.raises(CcoError, match="CCO_STRIPES 'two'"):
+        settings(
+            None, global_rank=0, group_name="0", default_group=True, environ=environ | {"CCO_STRIPES": "two"}
+        )
+    (pki / "ca.key").unlink()
+    named = r"no certificate for node id ep-0.s1 .*cco-node certs --dir DIR ep-0.s1:endpoint"
+    with pytest.raises(CcoError, match=named):
+        settings(Options(stripes=3), global_rank=0, group_name="0", default_group=True, environ=environ)
+
+
 def test_torch_ops_map_to_ccos_and_the_others_are_refused() -> None:
     import torch.distributed as dist
 

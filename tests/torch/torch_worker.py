@@ -11,7 +11,9 @@ Phases (each a few checks, reported as JSON ``{"checks": [{"name", "ok", "detail
   documented bound of Gloo's run; a GradScaler step skipped on every rank when one
   rank's gradient overflows;
 * ``fsdp``: a fully_shard model trains a few steps on CPU (``train``: both);
-* ``init``: init_process_group("cco") with the init method given.
+* ``init``: init_process_group("cco") with the init method given;
+* ``stripes``: the default group with ``Options(stripes=2)`` against a new group with
+  one stripe: all-reduce and DDP steps (buckets large enough to be cut) bit-identical.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from torch.distributed.distributed_c10d import _coalescing_manager
 from torch.nn.parallel import DistributedDataParallel
 
 import cco.torch
+from cco.client.striped import MIN_STRIPE_ELEMENTS
 from cco.torch import hooks
 from cco.wire.blockscale import DEFAULT_BLOCK_ELEMENTS
 from cco.wire.registries import ReduceOp as CcoOp
@@ -556,13 +559,94 @@ def phase_init(checks: Checks, args: argparse.Namespace) -> None:
     checks.add("a new_group over cco", value.item() == world * (world - 1) // 2, str(value.item()))
 
 
+def phase_stripes(checks: Checks, args: argparse.Namespace) -> None:
+    """The default group has two stripes (main() passes ``--stripes 2``); ``whole`` one."""
+    rank = dist.get_rank()
+    pki = Path(os.environ["CCO_PKI_DIR"])
+    checks.add(
+        "stripes: stripe 1's certificate issued on the spot",
+        (pki / f"ep-{rank}.s1.pem").exists(),
+        str(sorted(p.name for p in pki.glob(f"ep-{rank}*.pem"))),
+    )
+    gloo = dist.new_group(backend="gloo")
+    whole = dist.new_group(backend="cco", pg_options=cco.torch.Options(stripes=1))
+    values = torch.randn(3 * MIN_STRIPE_ELEMENTS + 1000, generator=torch.Generator().manual_seed(rank))
+    striped, single = values.clone(), values.clone()
+    dist.all_reduce(striped)
+    dist.all_reduce(single, group=whole)
+    rows = gathered(striped, gloo)
+    checks.add(
+        "stripes: all_reduce bit-identical to one stripe, on every rank",
+        torch.equal(striped, single) and all(torch.equal(rows[0], r) for r in rows),
+    )
+    moved = torch.arange(3 * MIN_STRIPE_ELEMENTS + 7, dtype=torch.float64) * (rank + 1)
+    segment = torch.randn(2 * MIN_STRIPE_ELEMENTS + 5, generator=torch.Generator().manual_seed(rank))
+    world = dist.get_world_size()
+    scattered = torch.randn(
+        world * (2 * MIN_STRIPE_ELEMENTS + 8192), generator=torch.Generator().manual_seed(rank)
+    )
+    results = []
+    for group in (None, whole):
+        sent = moved.clone()
+        dist.broadcast(sent, src=1, group=group)
+        gathered_all = torch.empty(world * segment.numel())
+        dist.all_gather_into_tensor(gathered_all, segment, group=group)
+        mine = torch.empty(scattered.numel() // world)
+        dist.reduce_scatter_tensor(mine, scattered, group=group)
+        results.append((sent, gathered_all, mine))
+    for name, striped_one, single_one in zip(
+        ("broadcast", "all_gather_into_tensor", "reduce_scatter_tensor"), *results, strict=True
+    ):
+        checks.add(f"stripes: {name} bit-identical to one stripe", torch.equal(striped_one, single_one))
+    checks.add(
+        "stripes: broadcast is the root's", torch.equal(results[0][0], torch.arange(moved.numel()) * 2.0)
+    )
+    stripe = dist.group.WORLD.communicator._comm.stripes[1]  # type: ignore[union-attr]  # the test looks inside
+    for name, hook in (("no hook", None), ("the hook at width 16", hooks.allreduce_hook)):
+        state = hooks.CcoHookState(width=16) if hook is not None else None
+        before = stripe.service.machine.next_op_id
+        params = [wide_ddp(group, hook, state) for group in (None, whole)]
+        checks.add(
+            f"stripes: DDP with {name} cut buckets over stripe 1", stripe.service.machine.next_op_id > before
+        )
+        rows = gathered(params[0], gloo)
+        checks.add(
+            f"stripes: DDP with {name} bit-identical to one stripe, on every rank",
+            torch.equal(params[0], params[1]) and all(torch.equal(rows[0], r) for r in rows),
+        )
+
+
+def wide_ddp(group: dist.ProcessGroup | None, hook: Callable[..., Any] | None, state: Any) -> torch.Tensor:
+    """A few SGD steps of a model whose gradient buckets are cut over stripes."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 512), nn.Tanh(), nn.Linear(512, 512), nn.Tanh(), nn.Linear(512, 1))
+    ddp = DistributedDataParallel(model, process_group=group, bucket_cap_mb=4)
+    if hook is not None:
+        ddp.register_comm_hook(state, hook)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=LR)
+    gen = torch.Generator().manual_seed(100 + dist.get_rank())
+    for _ in range(3):
+        x, y = batch(gen)
+        optimizer.zero_grad()
+        nn.functional.mse_loss(ddp(x), y).backward()
+        optimizer.step()
+    return flat(model)
+
+
 def phase_train(checks: Checks, args: argparse.Namespace) -> None:
     """DDP, then FSDP2: one start of the ranks for both."""
     phase_ddp(checks, args)
     phase_fsdp(checks, args)
 
 
-PHASES = {"ops": phase_ops, "ddp": phase_ddp, "fsdp": phase_fsdp, "train": phase_train, "init": phase_init}
+PHASES = {
+    "ops": phase_ops,
+    "ddp": phase_ddp,
+    "fsdp": phase_fsdp,
+    "train": phase_train,
+    "init": phase_init,
+    "stripes": phase_stripes,
+}
 
 
 def main() -> int:
@@ -571,9 +655,12 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--init-method", default="env://")
     parser.add_argument("--width", type=int)
+    parser.add_argument("--stripes", type=int)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    options = cco.torch.Options(width=args.width) if args.width else None
+    options = (
+        cco.torch.Options(width=args.width, stripes=args.stripes) if args.width or args.stripes else None
+    )
     if args.init_method == "env://":
         dist.init_process_group("cco", pg_options=options)
     else:
