@@ -361,6 +361,7 @@ OTHER_VARIABLES = {
     "CCO_CONFIG": "the TOML file, as --config",
     "CCO_KERNELS": "'numpy' keeps the per-chunk arithmetic in numpy where numba is installed",
     "CCO_INTEROP_FAULT": "makes a `cco-interop live` adapter misbehave on purpose (tests only)",
+    "CCO_STRIPES": "the cco torch backend's process groups cut over this many groups (Options.stripes)",
 }
 """The ``CCO_*`` environment variables that are not options; any other one that is
 not an option's is refused, so that a misspelled variable is not silently ignored."""

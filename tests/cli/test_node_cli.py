@@ -260,10 +260,12 @@ def test_every_cco_variable_is_an_option_or_listed() -> None:
     """What the rest of CCO reads from ``CCO_*`` is known to the check that refuses
     unknown variables (else setting it would stop every node)."""
     from cco.config import OTHER_VARIABLES, check_environment
+    from cco.torch.options import STRIPES_ENV
     from cco.transport.config import QUIC_BACKEND_ENV
     from cco.wire.kernels import KERNELS_ENV
 
-    check_environment({KERNELS_ENV: "numpy", QUIC_BACKEND_ENV: "qh3", **dict.fromkeys(OTHER_VARIABLES, "x")})
+    known = {KERNELS_ENV: "numpy", QUIC_BACKEND_ENV: "qh3", STRIPES_ENV: "2"}
+    check_environment({**known, **dict.fromkeys(OTHER_VARIABLES, "x")})
     with pytest.raises(CcoError, match=r"CCO_NODEID is not a CCO setting \(did you mean CCO_NODE_ID\?\)"):
         check_environment({"CCO_NODEID": "x"})
 
