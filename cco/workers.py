@@ -39,8 +39,9 @@ from cco.wire.registries import Role
 
 log = logging.getLogger("cco.node")
 
-STOP_GRACE_S = 10.0
-"""How long stopped workers have to close their connections before SIGKILL."""
+STOP_GRACE_S = 20.0
+"""How long stopped workers have to end before SIGKILL: one dialling a lost rendezvous
+finishes that attempt first (``NodeService.connect_timeout``, 10 s by default)."""
 
 POLL_S = 0.2
 """How often the supervisor looks for a worker that ended."""
