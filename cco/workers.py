@@ -10,7 +10,8 @@ has more members than one aggregator's fan-in.  Worker ``k`` (from 0) is node
 ``--metrics-listen``, when given, move by k too.
 
 The supervisor passes SIGTERM and SIGINT to every worker, waits for them (then
-SIGKILL) and exits 0.  A worker that ends by itself ends the node: the supervisor
+SIGKILL) and exits 0; it passes SIGUSR1 on too, so that one signal dumps every
+worker's flight recorder.  A worker that ends by itself ends the node: the supervisor
 stops the others and exits non-zero, so that a service manager restarts the whole
 node while the rendezvous moves its groups, as for any aggregator lost.  On Linux a
 worker also gets SIGTERM if the supervisor itself dies (even by SIGKILL), so no
@@ -32,6 +33,7 @@ from types import FrameType
 from typing import Any
 
 from cco.config import OPTIONS, NodeConfig, parse_hostport
+from cco.services.dump import DUMP_SIGNAL
 from cco.transport import create_dev_pki
 from cco.transport.certs import CA_KEY_FILE, node_paths
 from cco.wire.errors import CcoError, ErrorCode
@@ -135,12 +137,14 @@ def check_workers(cfg: NodeConfig) -> list[list[str]]:
 
 
 def supervise(argvs: Sequence[list[str]], environ: Mapping[str, str]) -> int:
-    """Run one worker per entry of ``argvs`` until a signal (exit 0) or until one ends
-    by itself (exit non-zero); stop every worker either way."""
+    """Run one worker per entry of ``argvs`` until SIGTERM or SIGINT (exit 0) or until
+    one ends by itself (exit non-zero); stop every worker either way.  SIGUSR1 (a
+    flight-recorder dump, :mod:`cco.services.dump`) is passed to every worker."""
     stop: list[int] = []
+    dumps: list[int] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.append(signum)
+        (dumps if signum == DUMP_SIGNAL else stop).append(signum)
 
     workers: list[tuple[str, subprocess.Popen[bytes]]] = []
     die_with_us = _parent_death_signal(os.getpid())
@@ -153,6 +157,8 @@ def supervise(argvs: Sequence[list[str]], environ: Mapping[str, str]) -> int:
                 workers.append((node_id, process))
                 log.info("worker %s started (pid %d)", node_id, process.pid)
             while not stop:
+                while dumps:
+                    _signal_running(workers, signal.Signals(dumps.pop()))
                 for node_id, process in workers:
                     if process.poll() is not None:
                         log.error("worker %s %s; stopping the others", node_id, _ending(process.returncode))
@@ -170,11 +176,15 @@ def _ending(returncode: int) -> str:
     return f"exited with status {returncode}"
 
 
-def _stop(workers: Sequence[tuple[str, subprocess.Popen[bytes]]], sig: signal.Signals) -> None:
-    """Send ``sig`` to every worker still running, wait for them all, SIGKILL the late."""
+def _signal_running(workers: Sequence[tuple[str, subprocess.Popen[bytes]]], sig: signal.Signals) -> None:
     for _, process in workers:
         if process.poll() is None:
             process.send_signal(sig)
+
+
+def _stop(workers: Sequence[tuple[str, subprocess.Popen[bytes]]], sig: signal.Signals) -> None:
+    """Send ``sig`` to every worker still running, wait for them all, SIGKILL the late."""
+    _signal_running(workers, sig)
     deadline = time.monotonic() + STOP_GRACE_S
     for node_id, process in workers:
         try:
@@ -187,7 +197,7 @@ def _stop(workers: Sequence[tuple[str, subprocess.Popen[bytes]]], sig: signal.Si
 
 @contextlib.contextmanager
 def _handling(handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT, DUMP_SIGNAL)}
     try:
         yield
     finally:

@@ -5,9 +5,10 @@ workers' certificates are issued as they start); the endpoints are ``cco.client`
 communicators in this process.  Two groups of two ranks land one on each worker (asked
 of the rendezvous with ``cco-node status``), a group of four ranks with ``--max-fan-in
 3`` gets a tree over both (two workers of fan-in 2 could hold only three ranks), and
-every result is the exact sum, bit for bit, on every rank.  Then the supervisor's
-ways of ending: SIGTERM stops both workers and exits 0; a worker killed makes the
-supervisor stop the other and exit non-zero.
+every result is the exact sum, bit for bit, on every rank.  SIGUSR1 to the supervisor
+makes every worker dump its flight recorder.  Then the supervisor's ways of ending:
+SIGTERM stops both workers and exits 0; a worker killed makes the supervisor stop the
+other and exit non-zero.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ class Nodes:
 
     def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
         with open(self.workdir / f"{name}.log", "wb") as log:
-            process = subprocess.Popen([sys.executable, "-m", "cco", *args], stdout=log, stderr=log)
+            env = {**os.environ, "STATE_DIRECTORY": str(self.workdir / "state")}  # flight-recorder dumps
+            process = subprocess.Popen([sys.executable, "-m", "cco", *args], stdout=log, stderr=log, env=env)
         self.started.append(process)
         return process
 
@@ -196,6 +198,14 @@ def test_groups_spread_over_workers_and_a_large_group_spans_them(nodes: Nodes) -
     results, trees = asyncio.run(_all_reduce(nodes, ["c"]))
     _check_exact("c", results["c"])
     assert trees["c"] == {"agg.w0", "agg.w1"}, "four ranks at fan-in 3 need both workers"
+
+    supervisor.send_signal(signal.SIGUSR1)  # a dump, from every worker
+    nodes.wait_for("agg", "agg.w0-", supervisor)
+    nodes.wait_for("agg", "agg.w1-", supervisor)
+    assert sorted(p.name.split("-")[1] for p in (nodes.workdir / "state").glob("flight-agg.*")) == [
+        "agg.w0",
+        "agg.w1",
+    ]
 
     supervisor.send_signal(signal.SIGTERM)
     assert supervisor.wait(60) == 0
