@@ -122,7 +122,10 @@ def check_workers(cfg: NodeConfig) -> list[list[str]]:
         raise CcoError(ErrorCode.INVALID_FIELD, f"--workers {cfg.workers} needs --pki-dir")
     argvs = [worker_argv(cfg, k) for k in range(cfg.workers)]
     ids = [worker_node_id(cfg.require("node_id"), k) for k in range(cfg.workers)]
-    missing = [node_id for node_id in ids if not node_paths(pki_dir, node_id)[0].exists()]
+    try:
+        missing = [node_id for node_id in ids if not node_paths(pki_dir, node_id)[0].exists()]
+    except ValueError as exc:  # an id too long once the worker's suffix is added
+        raise CcoError(ErrorCode.INVALID_FIELD, f"--workers {cfg.workers}: {exc}") from None
     if missing and not (pki_dir / CA_KEY_FILE).exists():
         names = " ".join(f"{node_id}:aggregator" for node_id in missing)
         raise CcoError(
@@ -131,7 +134,12 @@ def check_workers(cfg: NodeConfig) -> list[list[str]]:
             f"`cco-node certs --dir DIR {names}` where the CA key is, and copy them here",
         )
     if missing:
-        create_dev_pki(pki_dir, [(node_id, Role.AGGREGATOR) for node_id in missing])
+        try:
+            create_dev_pki(pki_dir, [(node_id, Role.AGGREGATOR) for node_id in missing])
+        except OSError as exc:  # ca.key without ca.pem, a directory not writable, ...
+            raise CcoError(
+                ErrorCode.INVALID_FIELD, f"cannot issue worker certificates in {pki_dir}: {exc}"
+            ) from None
         log.info("issued certificates for %s in %s", ", ".join(missing), pki_dir)
     return argvs
 
