@@ -46,6 +46,15 @@ def test_a_worker_gets_its_own_id_and_ports_and_every_other_option_unchanged(tmp
     assert (first.node_id, first.listen, first.advertise) == ("agg.w0", "[::1]:5000", "agg.example:6000")
 
 
+def test_workers_come_from_flag_environment_or_file(tmp_path: Path) -> None:
+    config = tmp_path / "agg.toml"
+    config.write_text("workers = 4\n")
+    assert _aggregator("--config", str(config)).workers == 4
+    assert _aggregator("--config", str(config), environ={"CCO_WORKERS": "3"}).workers == 3
+    assert _aggregator("--workers", "2", environ={"CCO_WORKERS": "3"}).workers == 2
+    assert _aggregator().workers == 1
+
+
 def test_options_left_unset_stay_unset_for_the_worker() -> None:
     cfg = _aggregator("--workers", "2")
     worker = _resolve(worker_argv(cfg, 1))
