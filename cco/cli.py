@@ -229,11 +229,29 @@ def _run_node(argv: list[str]) -> int:
 
     cfg = resolve(node_parser().parse_args(argv))
     configure_logging(cfg.log_level, cfg.log_format)
+    if cfg.workers > 1:
+        return _run_workers(cfg)
     cfg = checked(cfg)
     from cco.launch import run_role
 
     try:
         return run_role(cfg)
+    except OSError as exc:
+        raise RunFailure(_os_failure(exc, cfg)) from None
+
+
+def _run_workers(cfg: NodeConfig) -> int:
+    """``--workers W``: check every worker as a node is checked (credentials, a free
+    ``--listen``), then start and supervise them (:mod:`cco.workers`)."""
+    from cco.config import resolve
+    from cco.workers import check_workers, supervise, worker_environment
+
+    environ = worker_environment(os.environ)
+    argvs = check_workers(cfg)
+    for argv in argvs:
+        checked(resolve(node_parser().parse_args(argv), environ))
+    try:
+        return supervise(argvs, environ)
     except OSError as exc:
         raise RunFailure(_os_failure(exc, cfg)) from None
 

@@ -188,6 +188,18 @@ OPTIONS: tuple[Option, ...] = (
         wire=(AggregatorRegister, "max_fan_in"),
     ),
     Option(
+        "workers",
+        "aggregator processes this node runs, to use several cores: worker k (from 0) is node "
+        "<node_id>.w<k> on the --listen port + k (--advertise and --metrics-listen ports + k too), "
+        "with certificate <pki_dir>/<node_id>.w<k>.pem, issued on the spot where the PKI directory "
+        "holds the CA key; the other options pass to every worker unchanged",
+        1,
+        int,
+        (A,),
+        minimum=1,
+        maximum=64,
+    ),
+    Option(
         "chunk_elements",
         "elements per chunk for new groups",
         32768,

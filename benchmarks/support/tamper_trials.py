@@ -3,8 +3,9 @@
 For one attack: a rendezvous (``cco-node``), one aggregator that tampers
 (:mod:`cco.interop.hostile`, "evil") and one honest aggregator ("honest") on
 loopback.  Every trial is a pair of all-reduces of one random shape and type in a
-group of two ranks (in this process) formed for it, on the evil aggregator (the
-planner takes the smallest node id among equals): block-scaled calls, or the others
+group of two ranks (in this process) formed for it, on the evil aggregator (it
+offers more capacity than the honest one, and the planner puts a group where the
+most is spare): block-scaled calls, or the others
 (integers, and floats small enough for the EXACT form), trial by trial as the attack
 allows.  The aggregator attacks the second call of the pair (never-started: the
 first, sending a result for the second) and says so in its tamper log.  For the
@@ -69,6 +70,10 @@ form: see cco.interop.hostile); the rest is the trial's number."""
 SOURCE = bytes.fromhex("b2" * 16)
 """The group whose results the other-group attack passes off as another's."""
 EVIL, HONEST = "evil", "honest"
+EVIL_CAPACITY = 64
+"""Four times the honest aggregator's (the default 16): with the source group of the
+other-group attack on it too, evil still has the most spare capacity, so every group
+forms there."""
 EXACT_ELEMENTS = 16  # cco.wire.exact.MAX_ELEMENTS: float sums this small are unscaled
 
 
@@ -213,6 +218,8 @@ class TamperCluster:
                 "--",
                 "--node-id",
                 EVIL,
+                "--capacity",
+                str(EVIL_CAPACITY),
                 *common,
                 "--listen",
                 f"{HOST}:{free_udp_port()}",

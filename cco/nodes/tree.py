@@ -17,20 +17,24 @@ Rules, in the order the planner applies them:
   rank; each location is cut into leaves of its own, and every leaf goes to the
   aggregator sharing the most labels with that location (then the one with the
   fewest other labels, then the largest *cover* -- the smaller of its bound and
-  the number of nodes still to place -- then the smallest node id).  Upper
-  levels order the nodes below by location and pack them into parents, each
-  parent being the aggregator with the largest cover (fewest levels), then
-  label affinity.  A lone node left over at the end of a level is carried up
-  to the next level instead of getting a parent of its own.  Levels are added
-  until one node, the root, remains.
+  the number of nodes still to place -- then the most spare capacity, then the
+  smallest node id).  Upper levels order the nodes below by location and pack
+  them into parents, each parent being the aggregator with the largest cover
+  (fewest levels), then label affinity, then spare capacity.  Preferring spare
+  capacity spreads groups over aggregators that are otherwise alike (several
+  workers of one host, say) instead of stacking every group on the first by
+  id.  A lone node left over at the end of a level is carried up to the next
+  level instead of getting a parent of its own.  Levels are added until one
+  node, the root, remains.
 * Tier ``PACKED``: the same, but leaves may mix locations (used when ``LOCAL``
   needs more aggregators than there are).
 * Tier ``COMPACT``: the fewest aggregators that can hold the group, those with the
-  largest bounds: ``k`` is the smallest count whose bounds ``b_1..b_k`` satisfy
-  ``sum(b_i) - (k - 1) >= members``.  Aggregators are linked breadth-first (each
-  takes the next ones as children, up to its bound) and the free child slots are
-  filled with endpoints, starting from the last (deepest) aggregator.  Here an aggregator's children
-  may mix endpoints and aggregators.
+  largest bounds (then the most spare capacity): ``k`` is the smallest count
+  whose bounds ``b_1..b_k`` satisfy ``sum(b_i) - (k - 1) >= members``.
+  Aggregators are linked breadth-first (each takes the next ones as children, up
+  to its bound) and the free child slots are filled with endpoints, starting
+  from the last (deepest) aggregator.  Here an aggregator's children may mix
+  endpoints and aggregators.
 * If even ``COMPACT`` does not fit, :func:`plan_tree` raises ``NO_AGGREGATOR`` and
   the group waits for aggregators: the planner never exceeds a bound or a capacity
   to make a tree fit.
@@ -227,13 +231,13 @@ def _pick(
     if not pool:
         return None
 
-    def key(a: AggregatorInfo) -> tuple[int, int, int, str]:
+    def key(a: AggregatorInfo) -> tuple[int, int, int, int, str]:
         shared = len(set(a.labels) & set(location))
         other = len(set(a.labels)) - shared
         cover = min(fan_in_bound(a, bound), want)
         if cover_first:
-            return (-cover, -shared, other, a.node_id)
-        return (-shared, other, -cover, a.node_id)
+            return (-cover, -shared, other, -a.capacity, a.node_id)
+        return (-shared, other, -cover, -a.capacity, a.node_id)
 
     best = min(pool, key=key)
     pool.remove(best)
@@ -281,7 +285,7 @@ def _layered(
 
 
 def _compact(endpoints: Sequence[int], aggregators: Sequence[AggregatorInfo], bound: int) -> _Shape | None:
-    ordered = sorted(aggregators, key=lambda a: (-fan_in_bound(a, bound), a.node_id))
+    ordered = sorted(aggregators, key=lambda a: (-fan_in_bound(a, bound), -a.capacity, a.node_id))
     bounds = [fan_in_bound(a, bound) for a in ordered]
     if not ordered:
         return None

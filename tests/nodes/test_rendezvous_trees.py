@@ -116,6 +116,36 @@ def test_capacity_is_shared_between_groups_and_freed_when_a_group_closes() -> No
     h.check_state()
 
 
+def test_groups_spread_over_alike_aggregators_one_each() -> None:
+    """Two aggregators with room for both groups: each group goes to the less used one."""
+    config = RendezvousConfig(groups={GID: GroupConfig(2, CRED), OTHER: GroupConfig(2, CRED)})
+    h = Harness(config)
+    h.aggregator("w0", capacity=8, port=4000)
+    h.aggregator("w1", capacity=8, port=4001)
+    for rank in range(2):
+        h.endpoint(f"a{rank}", world_size=2)
+        h.endpoint(f"b{rank}", group=OTHER, world_size=2)
+    trees = [h.group(g).tree for g in (GID, OTHER)]
+    assert [t.aggregator_ids if t is not None else None for t in trees] == [{"w0"}, {"w1"}]
+    assert {(a.node_id, a.groups) for a in h.rv.status().aggregators} == {("w0", (GID,)), ("w1", (OTHER,))}
+    h.check_state()
+
+
+def test_an_aggregator_with_more_room_arriving_moves_no_group() -> None:
+    """A tree on an emptier aggregator is no better: the group keeps its epoch and tree."""
+    h = Harness()
+    h.aggregator("w0", capacity=2)
+    for rank in range(4):
+        h.endpoint(f"e{rank}")
+    epoch = h.group().epoch
+    cmds = h.aggregator("w1", capacity=8)
+    assert not any(isinstance(c, SendMessage) and isinstance(c.message, EpochChange | TreeAssignment)
+                   for c in cmds)  # fmt: skip
+    tree = h.group().tree
+    assert h.group().epoch == epoch and tree is not None and tree.aggregator_ids == {"w0"}
+    h.check_state()
+
+
 FULL = Capabilities(
     dtypes=tuple(DType),
     ops=tuple(ReduceOp),

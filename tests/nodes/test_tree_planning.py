@@ -124,6 +124,39 @@ def test_labels_not_names_choose_the_leaf() -> None:
     assert plan.root.node_id == "agg-2"
 
 
+def test_spare_capacity_breaks_ties_between_otherwise_equal_aggregators() -> None:
+    """Alike aggregators (workers of one host): the one with the most room left, then the id."""
+    members = {r: MemberInfo(f"ep-{r}") for r in range(2)}
+    assert plan_tree(members, [agg("w0", capacity=3), agg("w1", capacity=4)], 4).root.node_id == "w1"
+    assert plan_tree(members, [agg("w0", capacity=4), agg("w1", capacity=4)], 4).root.node_id == "w0"
+    # labels and cover still come first: capacity only decides among equals
+    labelled = [agg("w0", "rack=0", capacity=1), agg("w1", capacity=9)]
+    located = {r: MemberInfo(f"ep-{r}", ("rack=0",)) for r in range(2)}
+    assert plan_tree(located, labelled, 4).root.node_id == "w0"
+    narrow = [agg("w0", capacity=1, fan_in=2), agg("w1", capacity=9, fan_in=2), agg("w2", capacity=1)]
+    assert plan_tree({r: MemberInfo(f"ep-{r}") for r in range(3)}, narrow, 4).root.node_id == "w2"
+
+
+def test_compact_prefers_spare_capacity_among_equal_bounds() -> None:
+    """Four aggregators of bound 3 hold 9 endpoints; the tenth needs one of the two of bound 2."""
+    members = {r: MemberInfo(f"ep-{r}") for r in range(10)}
+    wide = [agg(f"w{i}", capacity=2, fan_in=3) for i in range(4)]
+    aggregators = [*wide, agg("x0", capacity=1, fan_in=2), agg("x1", capacity=2, fan_in=2)]
+    plan = plan_tree(members, aggregators, 3)
+    check_plan(plan, members, aggregators, 3)
+    assert plan.strategy is PlanStrategy.COMPACT
+    assert plan.aggregator_ids == {"w0", "w1", "w2", "w3", "x1"}
+
+
+def test_a_plan_on_other_aggregators_is_not_better() -> None:
+    """Spreading never moves a group: picking another aggregator alone is no reason for an epoch."""
+    members = {r: MemberInfo(f"ep-{r}") for r in range(2)}
+    on_w0 = plan_tree(members, [agg("w0", capacity=1), agg("w1", capacity=1)], 4)
+    on_w1 = plan_tree(members, [agg("w0", capacity=1), agg("w1", capacity=2)], 4)
+    assert (on_w0.root.node_id, on_w1.root.node_id) == ("w0", "w1")
+    assert not on_w0.better_than(on_w1) and not on_w1.better_than(on_w0)
+
+
 def test_several_levels_when_the_bound_is_small() -> None:
     members = {r: MemberInfo(f"ep-{r}") for r in range(64)}
     aggregators = [agg(f"agg-{i:02d}") for i in range(30)]

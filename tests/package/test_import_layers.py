@@ -41,13 +41,15 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "cco.status_cli",
                 "cco.torch",
                 "cco.trace",
+                "cco.workers",
             }
         ),
     ),
 )
 """Lowest first.  A unit (a subpackage, or a top-level module) may import its own
 modules and the units of lower layers; of its own layer, only the applications may
-import each other (the CLI runs the demo and the node's main, the interop runner
+import each other (the CLI runs the demo, the node's main and its workers
+(``cco.workers``), the interop runner
 drives the CLI; ``cco.status_cli`` and ``cco.trace`` are its status and trace-analyze
 commands).  ``cco.logs`` sets up a
 process's logging and imports nothing of the package."""

@@ -3,7 +3,7 @@ without it (issue 41: "the group continues in a new epoch without that aggregato
 
 Real processes on loopback (benchmarks/support/tamper_trials.py): a rendezvous, an
 aggregator that changes an element of every odd call's result ("evil", where the
-group forms: the smallest node id), and an honest one.  The tampered call fails on
+group forms: it has the most spare capacity), and an honest one.  The tampered call fails on
 both ranks with VERIFICATION_FAILED; their Reports take evil out of the group's
 trees; the calls after it are exact, the odd one included, which evil would have
 tampered with had it still been on the path.  Every wait is on a condition.
