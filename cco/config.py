@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cco.wire.blockscale import DEFAULT_BLOCK_ELEMENTS
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import Struct, UInt
 from cco.wire.messages import (
@@ -206,6 +207,17 @@ OPTIONS: tuple[Option, ...] = (
         int,
         (R,),
         wire=(GroupParams, "chunk_elements"),
+    ),
+    Option(
+        "scaled_chunk_elements",
+        "largest chunk, in elements, that the ranks of a float SUM or AVG of a new group may agree "
+        "when their paths are fast (a multiple of 256, the block size; 0: never larger than "
+        "--chunk-elements)",
+        131072,
+        int,
+        (R,),
+        minimum=0,
+        maximum=1 << 20,
     ),
     Option(
         "window", "chunks in flight per operation for new groups", 3, int, (R,), wire=(GroupParams, "window")
@@ -539,5 +551,12 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
             ErrorCode.INVALID_FIELD,
             f"--liveness-ms {values['liveness_ms']} is under two heartbeat intervals "
             f"(--heartbeat-ms {values['heartbeat_ms']})",
+        )
+    block = DEFAULT_BLOCK_ELEMENTS  # a rendezvous's groups take the default block size
+    if values["scaled_chunk_elements"] % block:
+        raise CcoError(
+            ErrorCode.INVALID_FIELD,
+            f"--scaled-chunk-elements {values['scaled_chunk_elements']} is not a multiple of the "
+            f"block size, {block} elements",
         )
     return NodeConfig(role=role, values=values)

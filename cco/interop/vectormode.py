@@ -268,7 +268,6 @@ def check_block_scale(call: Call, v: Json) -> None:
         "sum_limit",
     )
     size = _element_bytes(v["dtype"])
-    chunk_blocks = -(-v["chunk_elements"] // v["block_elements"])
     for entry, proposals in zip(v["inputs"], v["proposals"], strict=True):
         bits = entry["input_bits"]
         mine: list[int] = []
@@ -280,10 +279,10 @@ def check_block_scale(call: Call, v: Json) -> None:
         _combine_tree(call, scale_chunk["contributions"], scale_chunk.get("parts", []), scale_chunk["result"])
     output = ""
     for chunk in v["chunks"]:
-        header = chunk["header"]
-        start = header["chunk_index"] * v["chunk_elements"]
+        header = chunk["header"]  # cut at the agreed chunk size: v["agreed_chunk_elements"]
+        start = header["chunk_index"] * header["chunk_elements"]
         scales = _int16s(header["scales"])
-        first_block = header["chunk_index"] * chunk_blocks
+        first_block = header["chunk_index"] * -(-header["chunk_elements"] // v["block_elements"])
         same(scales, v["agreed_scales"][first_block : first_block + len(scales)], "chunk scales")
         for c in chunk["contributions"]:
             bits = v["inputs"][c["rank"]]["input_bits"]

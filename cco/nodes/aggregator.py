@@ -88,14 +88,24 @@ _REPORTS = (Heartbeat, Error, ChunkAck)  # a tuple, not a union that every data 
 
 
 def _layout_problem(message: ChunkMessage, params: GroupParams) -> str | None:
-    """How the chunk is cut otherwise than the group's parameters say, if it is."""
-    if message.chunk_elements != params.chunk_elements:
-        name, value, wanted = "chunk_elements", message.chunk_elements, params.chunk_elements
-    elif message.block_elements is not None and message.block_elements != params.block_elements:
-        name, value, wanted = "block_elements", message.block_elements, params.block_elements
-    else:
+    """How the chunk is cut otherwise than the group's parameters say, if it is: a
+    block-scaled chunk may also be cut in any whole number of blocks up to the group's
+    scaled_chunk_limit (its ranks agreed the size in the scale pass)."""
+    blocks = message.block_elements
+    if blocks is not None and blocks != params.block_elements:
+        return f"block_elements {blocks} differs from the group's {params.block_elements}"
+    chunk = message.chunk_elements
+    if chunk == params.chunk_elements:
         return None
-    return f"{name} {value} differs from the group's {wanted}"
+    if blocks is None:
+        return f"chunk_elements {chunk} differs from the group's {params.chunk_elements}"
+    limit = params.scaled_chunk_limit
+    if chunk % blocks or chunk > limit:
+        return (
+            f"chunk_elements {chunk} is neither the group's {params.chunk_elements} nor a "
+            f"multiple of block_elements {blocks} up to {limit}"
+        )
+    return None
 
 
 class AggregatorMachine:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cco.nodes.chunking import agreed_chunk_elements
 from cco.nodes.operation import WireOperation
 from cco.wire import blockscale
 from cco.wire.codec import decode_values, encode_range, wire_length
@@ -40,6 +41,8 @@ class Scaling:
     block_elements: int
     limit: int  # the sum limit Q
     proposals: np.ndarray  # this rank's proposed scale per block (int16)
+    planned_chunk_elements: int  # the group's when the call was planned: its passes keep it
+    chunk_proposal: int = 0  # this rank's proposed chunk size in blocks (cco.nodes.chunking)
     agreed: np.ndarray | None = None  # the scale pass's result, once verified
 
     def blocks(self, chunk_elements: int, index: int, elements: int) -> slice:
@@ -62,6 +65,7 @@ class DataOperation(WireOperation):
     sums: np.ndarray | None = None  # an EXACT result's verified limb sums, until all are in
     summed: int = 0  # positions of ``sums`` filled
     checked_first: np.ndarray | None = None  # chunk 0's wire integers from check_encodes, until sealed
+    first_sent: float | None = None  # when its first chunk left (its goodput, once complete)
 
     @property
     def ready(self) -> bool:
@@ -72,11 +76,28 @@ class DataOperation(WireOperation):
             and (self.scaling is None or self.scaling.agreed is not None)
         )
 
-    def agree(self, scales: np.ndarray | None) -> None:
-        """Set the agreed scales (its scale pass's result; None to agree again)."""
-        assert self.scaling is not None
-        self.scaling.agreed = scales
+    @property
+    def pass_chunk_elements(self) -> int:
+        """The chunk_elements of its passes: the one it was planned with, whatever its
+        scale pass agrees for the data, so that a pass run again in a new tree is cut
+        (and identified) as it was the first time."""
+        return self.scaling.planned_chunk_elements if self.scaling is not None else self.chunk_elements
+
+    def agree(self, agreed: np.ndarray | None) -> None:
+        """Set the agreed scales and chunk size (its scale pass's result: a scale per
+        block, then the smallest chunk proposal); None to agree again."""
+        scaling = self.scaling
+        assert scaling is not None
         self.headers.clear()
+        if agreed is None:
+            scaling.agreed = None
+            return
+        scaling.agreed = agreed[:-1]
+        chunk_elements = agreed_chunk_elements(
+            scaling.planned_chunk_elements, int(agreed[-1]), scaling.block_elements
+        )
+        if chunk_elements != self.chunk_elements:
+            self.size(self.total, chunk_elements, self.members)
 
     def _header(self, group_id: bytes, index: int, epoch: int) -> ChunkHeader:
         header = super(DataOperation, self)._header(group_id, index, epoch)
@@ -243,4 +264,10 @@ def propose(op: DataOperation, width: int, limit: int, block_elements: int) -> S
         start = index * op.chunk_elements
         stop = start + chunk_length(op.total, op.chunk_elements, index)
         parts.append(blockscale.propose(op.source[start:stop], element, block_elements, limit, first=start))
-    return Scaling(width=width, block_elements=block_elements, limit=limit, proposals=np.concatenate(parts))
+    return Scaling(
+        width=width,
+        block_elements=block_elements,
+        limit=limit,
+        proposals=np.concatenate(parts),
+        planned_chunk_elements=op.chunk_elements,
+    )

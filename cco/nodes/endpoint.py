@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cco.nodes.calls import CollectiveRequest, EndpointConfig
+from cco.nodes.chunking import Goodput
 from cco.nodes.deadlines import earlier
 from cco.nodes.endpoint_states import (
     ENDED,
@@ -175,6 +176,12 @@ class EndpointMachine:
     def next_op_id(self) -> int:
         """The op_id the next call's first wire operation takes."""
         return 0 if self._joined is None else self._joined.engine.next_op_id
+
+    @property
+    def goodput(self) -> Goodput | None:
+        """The payload bytes per second, one way, of this rank's last large block-scaled
+        operation, which its chunk proposals follow (:mod:`cco.nodes.chunking`)."""
+        return None if self._joined is None else self._joined.engine.goodput
 
     def operation_state(self, op_id: int) -> OperationState | None:
         return None if self._joined is None else self._joined.engine.state_of(op_id)

@@ -39,6 +39,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from cco.nodes import chunking
 from cco.nodes.calls import TREE_FAILURES, EndpointConfig, OperationError
 from cco.nodes.data_operation import DataOperation
 from cco.nodes.deadlines import earlier
@@ -97,6 +98,8 @@ class OperationEngine:
         self._ops: OrderedDict[int, WireOperation] = OrderedDict()
         self._early: dict[int, list[ChunkMessage | Abort]] = {}
         self._early_count = 0
+        self.goodput = chunking.Goodput()
+        """What this rank's block-scaled operations moved per second: its chunk proposals."""
         self._recent: OrderedDict[tuple[int, int], ChunkMessage] = OrderedDict()
         """The last 2 x window chunks this rank sealed, whole (their payload at its width
         and every identifying field: a few MiB at most), to seal again for a rank that
@@ -163,6 +166,15 @@ class OperationEngine:
         passes: list[WireOperation] = []
         if operation.scaling is not None:
             assert scale_id is not None
+            scaling = operation.scaling
+            scaling.chunk_proposal = chunking.proposal(
+                scaling.planned_chunk_elements,
+                prepared.params.scaled_chunk_limit,
+                scaling.block_elements,
+                operation.total,
+                scaling.width,
+                self.goodput.value,
+            )
             passes.append(ScalePass.of(scale_id, operation))
         if request.quorum is not None:
             assert presence_id is not None
@@ -245,6 +257,8 @@ class OperationEngine:
             except CcoError as error:
                 return out + self._input_changed(op, op.next_chunk, error)
             out.append(SendMessage(parent, message))
+            if op.next_chunk == 0 and isinstance(op, DataOperation):
+                op.first_sent = now
             op.outstanding[op.next_chunk] = now
             self.outstanding += 1
             op.next_chunk += 1
@@ -388,7 +402,7 @@ class OperationEngine:
         if len(op.verified) < op.chunks:
             self._apply(op, OperationEvent.CHUNK)
             return self.pump(now)
-        return self._complete(op) + self.pump(now)
+        return self._complete(op, now) + self.pump(now)
 
     def _progress(self, op: WireOperation, now: float) -> None:
         """A chunk of the call was verified: a watchdog deadline (no explicit timeout),
@@ -403,7 +417,7 @@ class OperationEngine:
             return op.data
         return None
 
-    def _complete(self, op: WireOperation) -> list[Command]:
+    def _complete(self, op: WireOperation, now: float) -> list[Command]:
         result: np.ndarray | None = None
         if op.receives:
             if op.decode_error is not None:
@@ -428,6 +442,8 @@ class OperationEngine:
                 return []
             assert isinstance(op, DataOperation)
             result = op.shaped_result()
+            if op.scaling is not None and op.first_sent is not None:
+                self.goodput.observe(op.total * op.scaling.width, now - op.first_sent)
         self._apply(op, OperationEvent.LAST_CHUNK)
         if isinstance(op, DataOperation):
             self._end_passes(op)  # a presence pass run again may still wait: it decides nothing

@@ -2,7 +2,8 @@
 
 A float SUM or AVG is two operations on the wire (draft section "Block Scales"):
 first its :class:`ScalePass`, a MIN all-reduce of this rank's proposed scale per
-block, whose result is the agreed scales; then the data, quantized with them.
+block and its proposed chunk size, whose result is the agreed scales and chunk size;
+then the data, cut and quantized with them.
 
 An ALL_REDUCE under the :class:`~cco.nodes.operation.Quorum` policy starts with a
 :class:`PresencePass` (draft section "Stragglers and Quorum"): a one-element SUM that
@@ -34,14 +35,17 @@ from cco.wire.registries import Collective, DType, ReduceOp
 
 @dataclass(slots=True, eq=False, kw_only=True)
 class ScalePass(WireOperation):
-    """The MIN all-reduce of this rank's proposals that agrees ``data``'s scales."""
+    """The MIN all-reduce of this rank's proposals that agrees ``data``'s scales and,
+    in its last element, its chunk size (:mod:`cco.nodes.chunking`)."""
 
     data: DataOperation
 
     @classmethod
     def of(cls, op_id: int, data: DataOperation) -> ScalePass:
-        assert data.scaling is not None
-        return _serving(cls, op_id, data, ReduceOp.MIN, DType.INT16, data.scaling.proposals)
+        scaling = data.scaling
+        assert scaling is not None
+        source = np.append(scaling.proposals, np.int16(scaling.chunk_proposal))
+        return _serving(cls, op_id, data, ReduceOp.MIN, DType.INT16, source)
 
 
 @dataclass(slots=True, eq=False, kw_only=True)
@@ -96,5 +100,5 @@ def _serving(
         data=data,
         **more,
     )
-    wire_pass.size(len(source), data.chunk_elements, data.members)
+    wire_pass.size(len(source), data.pass_chunk_elements, data.members)
     return wire_pass

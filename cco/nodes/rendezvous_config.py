@@ -11,6 +11,7 @@ from cco.wire.registries import GROUP_ID_SIZE, MAX_WORLD_SIZE
 
 DEFAULT_PARAMS = GroupParams(
     chunk_elements=32768,
+    scaled_chunk_elements=131072,
     window=3,
     heartbeat_interval_ms=1000,
     operation_timeout_ms=30_000,
@@ -21,7 +22,9 @@ a switch port or a 100 ms queue at 20 Mbit/s holds, so the window itself does no
 overflow the queue it crosses; on the namespace testbed no other size and window
 did better on shaped links (``benchmarks/probes/bench_window.py``).  Links much
 faster than these are better served by larger chunks, since each chunk costs every
-node a fixed amount of CPU.
+node a fixed amount of CPU: a float SUM or AVG (block-scaled) may agree chunks up to
+131072 elements, which its ranks do when their paths are fast enough
+(:mod:`cco.nodes.chunking`).
 
 Operation timeout 30 s: it bounds a slot at an aggregator and, at an endpoint, the
 time without progress of an operation (a watchdog that every completed chunk moves

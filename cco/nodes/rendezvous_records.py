@@ -99,17 +99,23 @@ class GroupRecord:
         return bitmap_from_ranks(set(self.members))
 
     def current_params(self) -> GroupParams:
-        """The configured parameters, chunk_elements lowered to what every member accepts."""
+        """The configured parameters, chunk_elements and scaled_chunk_elements lowered
+        to what every member accepts (the latter to a whole number of blocks, or absent)."""
+        params = self.params
         limit = min(
             (
-                chunk_elements_limit(m.capabilities, self.world_size, self.params.block_elements)
+                chunk_elements_limit(m.capabilities, self.world_size, params.block_elements)
                 for m in self.members.values()
             ),
             default=MAX_CHUNK_ELEMENTS,
         )
-        if self.params.chunk_elements <= limit:
-            return self.params
-        return replace(self.params, chunk_elements=limit)
+        if params.chunk_elements > limit:
+            params = replace(params, chunk_elements=limit)
+        scaled = params.scaled_chunk_elements
+        if scaled is not None and scaled > limit:
+            whole = limit - limit % params.block_elements
+            params = replace(params, scaled_chunk_elements=whole or None)
+        return params
 
     def needs(self) -> Needs:
         dtypes, ops, collectives = set(DType), set(ReduceOp), set(Collective)

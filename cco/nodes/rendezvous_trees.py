@@ -12,7 +12,8 @@ appears; its members are told at once, by an EpochChange with code NO_AGGREGATOR
 (unless the epoch change that brought it there already said so).  The groups
 waiting and the trees each aggregator is in are indexed, so a join or a re-plan
 visits the waiting groups only, never every group.  An aggregator is placed in a
-group's tree only if it accepts the group's chunk_elements and lists every dtype,
+group's tree only if it accepts the group's chunk_elements (and its block-scaled
+operations' largest, scaled_chunk_elements) and lists every dtype,
 op and collective that all the group's members list, and no member's Report
 excluded it from the group's trees (:mod:`cco.nodes.rendezvous_reports`).  Groups move along
 :data:`~cco.nodes.rendezvous_states.GROUP_TABLE` and do what its moves name.
@@ -271,7 +272,7 @@ class Trees:
                 continue
             info, capabilities = registration.info, registration.capabilities
             limit = chunk_elements_limit(capabilities, group.world_size, params.block_elements)
-            if limit < params.chunk_elements:
+            if limit < max(params.chunk_elements, params.scaled_chunk_limit):
                 continue
             if not needs.met_by(capabilities):
                 continue

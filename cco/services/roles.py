@@ -125,6 +125,7 @@ async def run_rendezvous(cfg: NodeConfig) -> int:
     host, port = parse_hostport(cfg.listen)  # checked when the configuration was read
     params = GroupParams(
         chunk_elements=cfg.chunk_elements,
+        scaled_chunk_elements=cfg.scaled_chunk_elements or None,
         window=cfg.window,
         heartbeat_interval_ms=cfg.heartbeat_ms,
         operation_timeout_ms=cfg.operation_timeout_ms,

@@ -125,10 +125,21 @@ class GroupParams(Struct):
     means LOSS_INTERVALS heartbeat intervals.  Longer than the heartbeat interval lets a
     stalled process (a long step, a checkpoint, a paused debugger) keep its place
     without heartbeating more often."""
+    scaled_chunk_elements: int | None = wire(8, UInt(minimum=1, maximum=MAX_CHUNK_ELEMENTS), optional=True)
+    """The largest chunk_elements the ranks of a block-scaled operation may agree in its
+    scale pass, a multiple of block_elements; absent means chunk_elements: such an
+    operation's chunks are then never larger than any other's."""
 
     def validate(self, where: str, encoding: bool) -> None:
         if self.float_width is not None and self.float_width not in ELEMENT_WIDTHS:
             raise invalid(where, f"float_width {self.float_width} is not one of {ELEMENT_WIDTHS}", encoding)
+        largest = self.scaled_chunk_elements
+        if largest is not None and largest % self.block_elements:
+            raise invalid(
+                where,
+                f"scaled_chunk_elements {largest} is not a multiple of block_elements {self.block_elements}",
+                encoding,
+            )
         if self.liveness_ms is not None and self.liveness_ms < 2 * self.heartbeat_interval_ms:
             raise invalid(
                 where,
@@ -136,6 +147,13 @@ class GroupParams(Struct):
                 f"({self.heartbeat_interval_ms} ms each)",
                 encoding,
             )
+
+    @property
+    def scaled_chunk_limit(self) -> int:
+        """The largest chunk_elements a block-scaled operation's scale pass may agree."""
+        if self.scaled_chunk_elements is not None:
+            return self.scaled_chunk_elements
+        return self.chunk_elements
 
     @property
     def loss_window(self) -> float:

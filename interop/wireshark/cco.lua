@@ -344,6 +344,7 @@ local STRUCTS = {
     [5] = {name = "block_elements", value = {kind = "uint"}},
     [6] = {name = "float_width", value = {kind = "uint"}},
     [7] = {name = "liveness_ms", value = {kind = "uint"}},
+    [8] = {name = "scaled_chunk_elements", value = {kind = "uint"}},
   },
   group_view = {
     [1] = {name = "group_id", value = {kind = "bytes"}},

@@ -92,6 +92,16 @@ def test_the_liveness_window_defaults_to_fifteen_seconds_and_is_at_least_two_int
     assert info.value.detail == "--liveness-ms 900 is under two heartbeat intervals (--heartbeat-ms 500)"
 
 
+def test_the_scaled_chunk_bound_is_whole_blocks_and_zero_turns_it_off() -> None:
+    assert _resolve(["--role", "rendezvous"]).scaled_chunk_elements == 131072
+    assert _resolve(["--role", "rendezvous", "--scaled-chunk-elements", "0"]).scaled_chunk_elements == 0
+    with pytest.raises(CcoError) as info:
+        _resolve(["--role", "rendezvous"], {"CCO_SCALED_CHUNK_ELEMENTS": "1000"})
+    assert (
+        info.value.detail == "--scaled-chunk-elements 1000 is not a multiple of the block size, 256 elements"
+    )
+
+
 FLOORED = [option for option in OPTIONS if option.minimum is not None]
 
 

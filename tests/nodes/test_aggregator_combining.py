@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 from aggregator_rig import (
     ADDRESS,
     GROUP,
@@ -269,7 +270,9 @@ def test_remembered_aborted_operations_are_bounded_by_record_limit() -> None:
     assert rig.machine.slot_state(GROUP, 2, 0) is SlotState.ABORTED
 
 
-def _float_chunk(rank: int, block_elements: int, values: list[int]) -> ChunkMessage:
+def _float_chunk(
+    rank: int, block_elements: int, values: list[int], chunk_elements: int = PARAMS.chunk_elements
+) -> ChunkMessage:
     """Rank ``rank``'s block-scaled float32 SUM chunk (one block, scale 0)."""
     header = payload.ChunkHeader(
         group_id=GROUP,
@@ -279,7 +282,7 @@ def _float_chunk(rank: int, block_elements: int, values: list[int]) -> ChunkMess
         op=ReduceOp.SUM,
         dtype=DType.FLOAT32,
         total_elements=len(values),
-        chunk_elements=PARAMS.chunk_elements,
+        chunk_elements=chunk_elements,
         chunk_index=0,
         width=4,
         block_elements=block_elements,
@@ -359,3 +362,52 @@ def test_malformed_input_and_stray_messages_get_typed_errors() -> None:
     ]
     assert errors(rig.send("ep0", chunk(0, cls=Result))) == [ErrorCode.PROTOCOL_VIOLATION]
     assert errors(rig.send("nobody", chunk(0))) == [ErrorCode.UNAUTHORIZED]
+
+
+SCALED = dataclasses.replace(PARAMS, block_elements=16, scaled_chunk_elements=64)
+"""Chunks of 4 elements, but block-scaled ones of up to 64 (four blocks of 16)."""
+
+
+def scaled_rig() -> Rig:
+    children = {"ep0": [0], "ep1": [1], "ep2": [2]}
+    rig = Rig()
+    rig.register()
+    rig.connect(*children)
+    rig.rendezvous(assignment(children, params=SCALED))
+    return rig
+
+
+@pytest.mark.parametrize("chunk_elements", [16, 48, 64])
+def test_block_scaled_chunks_may_be_cut_in_whole_blocks_up_to_the_scaled_limit(chunk_elements: int) -> None:
+    """The ranks of a float SUM agree its chunk size in its scale pass: the aggregator
+    takes any whole number of blocks up to scaled_chunk_elements."""
+    rig = scaled_rig()
+    parts = [_float_chunk(r, 16, [r, 2 * r], chunk_elements) for r in range(3)]
+    out = [c for r, part in enumerate(parts) for c in rig.send(f"ep{r}", part)]
+    (result,) = sent(out, "ep0", Result)
+    assert result.chunk_elements == chunk_elements
+    assert unpack(result.payload, 4).tolist() == [3, 6, 3]  # two sums, 3 attestations
+
+
+@pytest.mark.parametrize("chunk_elements", [8, 24, 80])
+def test_block_scaled_chunks_of_part_blocks_or_above_the_limit_are_refused(chunk_elements: int) -> None:
+    rig = scaled_rig()
+    wrong = _float_chunk(0, 16, [1, 2], chunk_elements)
+    assert errors(rig.send("ep0", wrong), "ep0") == [ErrorCode.OPERATION_MISMATCH]
+    assert rig.machine.open_slots(GROUP) == 0
+
+
+def test_other_chunks_keep_the_groups_chunk_elements_whatever_the_scaled_limit() -> None:
+    rig = scaled_rig()
+    wrong = dataclasses.replace(chunk(0), chunk_elements=16)  # refused before any key would be needed
+    assert errors(rig.send("ep0", wrong), "ep0") == [ErrorCode.OPERATION_MISMATCH]
+
+
+def test_parts_cut_in_different_sizes_abort_the_operation() -> None:
+    """Ranks that did not agree the same chunk size called different operations: every
+    rank learns it at once (an Abort), instead of waiting for its timeout."""
+    rig = scaled_rig()
+    assert not rig.send("ep0", _float_chunk(0, 16, [1, 2], 32))
+    out = rig.send("ep1", _float_chunk(1, 16, [1, 2], 64))
+    aborts = sent(out, None, Abort)
+    assert aborts and all(a.code is ErrorCode.OPERATION_MISMATCH for a in aborts)

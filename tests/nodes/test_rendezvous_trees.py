@@ -156,6 +156,7 @@ FULL = Capabilities(
 )
 
 DEFAULT_CHUNK = DEFAULT_PARAMS.chunk_elements
+DEFAULT_SCALED = DEFAULT_PARAMS.scaled_chunk_elements
 
 
 def caps(**changes: Any) -> Capabilities:
@@ -184,7 +185,11 @@ def chunk_sizes_sent(h: Harness, group: bytes = GID) -> set[int]:
     for peer in peers:
         sent = h.last[(peer, TreeAssignment, group)]
         assert isinstance(sent, TreeAssignment) and sent.epoch == status.epoch
-        assert dataclasses.replace(sent.params, chunk_elements=DEFAULT_CHUNK) == DEFAULT_PARAMS
+        lowered = {"chunk_elements": DEFAULT_CHUNK, "scaled_chunk_elements": DEFAULT_SCALED}
+        assert dataclasses.replace(sent.params, **lowered) == DEFAULT_PARAMS
+        scaled = sent.params.scaled_chunk_elements  # lowered with it, to whole blocks
+        assert scaled is None or scaled % sent.params.block_elements == 0
+        assert scaled is None or scaled <= max(sent.params.chunk_elements, DEFAULT_SCALED)
         found.add(sent.params.chunk_elements)
     return found
 
@@ -260,8 +265,14 @@ def test_chunk_elements_limit_is_the_largest_chunk_that_fits(
     assert chunk_elements_limit(None, world_size, block_elements) == MAX_CHUNK_ELEMENTS
 
 
+def unscaled_harness() -> Harness:
+    """A group whose block-scaled operations' chunks are never larger than its others'."""
+    params = dataclasses.replace(DEFAULT_PARAMS, scaled_chunk_elements=None)
+    return Harness(RendezvousConfig(groups={GID: GroupConfig(world_size=4, credential=CRED, params=params)}))
+
+
 def test_aggregator_that_cannot_take_the_groups_chunks_is_not_placed() -> None:
-    h = Harness()
+    h = unscaled_harness()
     capable_aggregator(h, "a-small", caps(max_chunk_elements=DEFAULT_CHUNK - 1))
     for i in range(4):
         h.endpoint(f"e{i}")
@@ -281,13 +292,33 @@ def test_aggregator_that_cannot_take_the_groups_chunks_is_not_placed() -> None:
 
 
 def test_aggregator_chunk_message_must_fit_its_max_message_size() -> None:
-    h = Harness()
+    h = unscaled_harness()
     capable_aggregator(h, "a-narrow", caps(max_message_size=8 * DEFAULT_CHUNK))  # no room for the header
     for i in range(4):
         h.endpoint(f"e{i}")
     assert h.group().state is GroupState.WAITING
     capable_aggregator(h, "a-wide", caps(max_message_size=9 * DEFAULT_CHUNK))
     assert h.group().tree.aggregator_ids == {"a-wide"}  # type: ignore[union-attr]
+
+
+def test_aggregator_must_take_the_largest_chunks_block_scaled_operations_may_agree() -> None:
+    """By default a float SUM's ranks may agree chunks of up to 131072 elements: an
+    aggregator placed in the tree takes them; a member that takes fewer lowers the
+    limit for the group (to whole blocks), and an aggregator that takes that many fits."""
+    h = Harness()
+    capable_aggregator(h, "a-32k", caps(max_chunk_elements=DEFAULT_CHUNK))
+    for i in range(4):
+        h.endpoint(f"e{i}")
+    assert h.group().state is GroupState.WAITING, "a-32k cannot take the block-scaled chunks"
+    capable_aggregator(h, "a-64k", caps(max_chunk_elements=65536))
+    assert h.group().state is GroupState.WAITING
+    h.send("e3", Leave(group_id=GID, rank=3, code=ErrorCode.NO_ERROR))
+    capable_endpoint(h, "e4", caps(max_chunk_elements=65536 + 100))
+    assert h.group().state is GroupState.ACTIVE
+    assert h.group().tree.aggregator_ids == {"a-64k"}  # type: ignore[union-attr]
+    sent = h.last[("a-64k", TreeAssignment, GID)]
+    assert isinstance(sent, TreeAssignment)
+    assert (sent.params.chunk_elements, sent.params.scaled_chunk_elements) == (DEFAULT_CHUNK, 65536)
 
 
 NARROW = caps(

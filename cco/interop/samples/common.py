@@ -59,6 +59,7 @@ MIN_PARAMS = GroupParams(
     block_elements=MIN_BLOCK_ELEMENTS,
     float_width=1,
     liveness_ms=20,
+    scaled_chunk_elements=MIN_BLOCK_ELEMENTS,
 )
 MAX_PARAMS = GroupParams(
     chunk_elements=MAX_CHUNK_ELEMENTS,
@@ -68,6 +69,7 @@ MAX_PARAMS = GroupParams(
     block_elements=MAX_BLOCK_ELEMENTS,
     float_width=8,
     liveness_ms=MAX_LIVENESS_MS,
+    scaled_chunk_elements=MAX_CHUNK_ELEMENTS,
 )
 
 # 255 UTF-8 bytes: 85 three-byte characters (U+20AC EURO SIGN).

@@ -77,6 +77,23 @@ class Operation:
     kind: Collective = Collective.ALL_REDUCE
     root: int | None = None
     op_id: int = 100
+    chunk_proposals: list[int] | None = None
+    """Each rank's chunk proposal in blocks; None: the group's chunk_elements, in blocks
+    (0 when it is not a whole number of blocks), so that the data is cut as planned."""
+    scaled_chunk_elements: int | None = None
+
+    def proposed(self) -> list[int]:
+        if self.chunk_proposals is not None:
+            return self.chunk_proposals
+        whole = self.chunk_elements % self.block_elements == 0
+        return [self.chunk_elements // self.block_elements if whole else 0] * len(self.inputs)
+
+
+def _chunk_spans(total: int, chunk_elements: int) -> list[tuple[int, int]]:
+    return [
+        (i * chunk_elements, i * chunk_elements + chunk_length(total, chunk_elements, i))
+        for i in range(chunk_count(total, chunk_elements))
+    ]
 
 
 def _header(o: Operation, op_id: int, **fields: Any) -> ChunkHeader:
@@ -104,16 +121,7 @@ def operation_vector(o: Operation) -> Vector:
     arrays = [np.array(x, dtype=STORAGE[o.dtype]) for x in o.inputs]
     total = len(arrays[0])
     limit = blockscale.sum_limit(o.width, world)
-    per_chunk = -(-o.chunk_elements // o.block_elements)
-    chunks = chunk_count(total, o.chunk_elements)
-    spans = [
-        (i * o.chunk_elements, i * o.chunk_elements + chunk_length(total, o.chunk_elements, i))
-        for i in range(chunks)
-    ]
-    blocks_of = [
-        list(range(i * per_chunk, i * per_chunk + blockscale.block_count(stop - start, o.block_elements)))
-        for i, (start, stop) in enumerate(spans)
-    ]
+    spans = _chunk_spans(total, o.chunk_elements)
     proposals = [
         np.concatenate(
             [
@@ -135,11 +143,13 @@ def operation_vector(o: Operation) -> Vector:
                 for b in range(blockscale.block_count(stop - start, o.block_elements))
             ]
         )
-    k_total = len(proposals[0])
+    chunk_proposals = o.proposed()
+    passed = [np.append(proposals[r], chunk_proposals[r]) for r in ranks]  # K_total + 1 elements
+    k_total = len(passed[0])
 
-    # The scale pass: op_id k, an ordinary INT16 MIN all-reduce of the proposals,
-    # chunked like any operation.  Every rank checks each of its Results like any MIN
-    # result (bitmap, consistency with its own proposals).
+    # The scale pass: op_id k, an ordinary INT16 MIN all-reduce of the proposals and
+    # the chunk proposal, chunked like any operation.  Every rank checks each of its
+    # Results like any MIN result (bitmap, consistency with its own values).
     scale_chunks = []
     agreed_parts = []
     for index in range(chunk_count(k_total, o.chunk_elements)):
@@ -156,7 +166,7 @@ def operation_vector(o: Operation) -> Vector:
             chunk_elements=o.chunk_elements,
             chunk_index=index,
         )
-        own = {r: proposals[r][first:last].astype(np.int64) for r in ranks}
+        own = {r: passed[r][first:last].astype(np.int64) for r in ranks}
         scale_parts = {r: seal(keys, scale_header, r, own[r]) for r in ranks}
         _, scale_result = _tree(scale_parts, o.groups)
         accepted = [open_verified(keys, scale_result, frozenset(ranks), (r, own[r])) for r in ranks]
@@ -168,9 +178,16 @@ def operation_vector(o: Operation) -> Vector:
                 "result": message_json(scale_result),
             }
         )
-    agreed = np.concatenate(agreed_parts)
+    agreed, agreed_chunk = np.concatenate(agreed_parts)[:-1], int(np.concatenate(agreed_parts)[-1])
+    data_chunk_elements = o.chunk_elements if agreed_chunk <= 0 else agreed_chunk * o.block_elements
+    spans = _chunk_spans(total, data_chunk_elements)
+    per_chunk = -(-data_chunk_elements // o.block_elements)
+    blocks_of = [
+        list(range(i * per_chunk, i * per_chunk + blockscale.block_count(stop - start, o.block_elements)))
+        for i, (start, stop) in enumerate(spans)
+    ]
 
-    # The data operation: op_id k + 1.
+    # The data operation: op_id k + 1, cut at the agreed chunk size.
     divisor = world if o.op is ReduceOp.AVG else 1
     decoded = np.zeros(total, dtype=STORAGE[o.dtype])
     chunk_vectors = []
@@ -182,7 +199,7 @@ def operation_vector(o: Operation) -> Vector:
             op=o.op,
             dtype=o.dtype,
             total_elements=total,
-            chunk_elements=o.chunk_elements,
+            chunk_elements=data_chunk_elements,
             chunk_index=index,
             width=o.width,
             block_elements=o.block_elements,
@@ -248,6 +265,7 @@ def operation_vector(o: Operation) -> Vector:
         "dtype": int(o.dtype),
         "total_elements": total,
         "chunk_elements": o.chunk_elements,
+        **({"scaled_chunk_elements": o.scaled_chunk_elements} if o.scaled_chunk_elements is not None else {}),
         "block_elements": o.block_elements,
         "width": o.width,
         "sum_limit": limit,
@@ -258,8 +276,10 @@ def operation_vector(o: Operation) -> Vector:
         ],
         "block_maxima": [[binary64(m) for m in row] for row in maxima],
         "proposals": [p.tolist() for p in proposals],
+        "chunk_proposals": chunk_proposals,
         "scale_pass": scale_chunks,
         "agreed_scales": agreed.tolist(),
+        "agreed_chunk_elements": data_chunk_elements,
         "chunks": chunk_vectors,
         "output_bits": decoded.tobytes().hex(),
         "output_text": _text(decoded),
@@ -307,13 +327,28 @@ def _check_one(v: Vector) -> list[str]:
     agreed = [min(column) for column in zip(*proposals, strict=True)]
     if v["agreed_scales"] != agreed:
         problems.append("agreed_scales are not the minimum of the proposals")
+    # Each rank's chunk proposal, in blocks: 0 when chunk_elements is not whole blocks,
+    # else 1 .. min(L / be, 32767); the data is cut at the smallest (section "Agreed Chunk Size").
+    ce = v["chunk_elements"]
+    largest = min(v.get("scaled_chunk_elements", ce) // be, 32767)
+    chunk_proposals = v["chunk_proposals"]
+    if len(chunk_proposals) != n or not all(
+        p == 0 if ce % be or largest < 1 else 1 <= p <= largest for p in chunk_proposals
+    ):
+        problems.append("chunk_proposals break the rule of the agreed chunk size")
+    agreed_chunk = min(chunk_proposals)
+    data_ce = agreed_chunk * be if agreed_chunk >= 1 else ce
+    if v["agreed_chunk_elements"] != data_ce:
+        problems.append("agreed_chunk_elements is not the smallest chunk proposal in blocks")
     scale_of = {p: agreed[b] for b, span in zip(blocks, blocks.values(), strict=True) for p in span}
     block_of = {p: b for b, span in blocks.items() for p in span}
 
     # The scale pass: an INT16 MIN all-reduce at op_id k, untagged, smallest widths,
     # chunked like any operation.
     data_op_id = v["chunks"][0]["header"]["op_id"]
-    scale_spans = _spans(len(agreed), v["chunk_elements"])
+    passed = [[*row, p] for row, p in zip(proposals, chunk_proposals, strict=True)]
+    agreed_pass = [*agreed, agreed_chunk]
+    scale_spans = _spans(len(agreed_pass), v["chunk_elements"])
     if len(v["scale_pass"]) != len(scale_spans):
         problems.append("scale_pass does not have one chunk per chunk_elements proposals")
     for index, (sp, (first, last)) in enumerate(zip(v["scale_pass"], scale_spans, strict=False)):
@@ -324,16 +359,17 @@ def _check_one(v: Vector) -> list[str]:
             "kind": 1,
             "op": ref.MIN,
             "dtype": 2,
-            "total_elements": len(agreed),
+            "total_elements": len(agreed_pass),
             "chunk_elements": v["chunk_elements"],
             "chunk_index": index,
         }
         if sp["header"] != want_sp_header:
             problems.append(f"scale_pass chunk {index}: not an INT16 MIN all-reduce at op_id k")
         for r, part in enumerate(sp["contributions"]):
-            if part["values"] != proposals[r][first:last] or part["contributors"] != [r]:
+            if part["values"] != passed[r][first:last] or part["contributors"] != [r]:
                 problems.append(f"scale_pass chunk {index}: rank {r}'s contribution is not its proposals")
-        if sp["result"]["values"] != agreed[first:last] or sp["result"]["contributors"] != list(range(n)):
+        pass_result = sp["result"]
+        if pass_result["values"] != agreed_pass[first:last] or pass_result["contributors"] != list(range(n)):
             problems.append(f"scale_pass chunk {index}: result is not the minimum over every rank")
         for part in [*sp["contributions"], sp["result"]]:
             problems += raw_chunk_problems(part, sp["header"], None)
@@ -345,13 +381,18 @@ def _check_one(v: Vector) -> list[str]:
     divisor = n if v["op"] == ref.AVG else 1
     out = from_hex(v["output_bits"])
     size = len(out) // total if total else 0
-    for chunk, (start, stop) in zip(v["chunks"], spans, strict=True):
+    data_spans = _spans(total, data_ce)
+    if len(v["chunks"]) != len(data_spans):
+        problems.append("the data does not have one chunk per agreed chunk size")
+    for chunk, (start, stop) in zip(v["chunks"], data_spans, strict=False):
         header = chunk["header"]
         ids = sorted({block_of[p] for p in range(start, stop)})
         if chunk["blocks"] != ids or header["scales"] != ref.pack([agreed[b] for b in ids], 2).hex():
             problems.append(f"chunk {chunk['chunk_index']}: scales are not the agreed scales of its blocks")
         if (header["width"], header["block_elements"], header["op_id"]) != (width, be, data_op_id):
             problems.append(f"chunk {chunk['chunk_index']}: width or block_elements is not the operation's")
+        if header["chunk_elements"] != data_ce:
+            problems.append(f"chunk {chunk['chunk_index']}: chunk_elements is not the agreed chunk size")
         m = ref.chunk_id(header)
         count = stop - start + len(ids)
         key_m, stream = ref.keystream(k1, m, count)
@@ -530,13 +571,29 @@ _OPERATIONS = [
     Operation(
         "float32_sum_scale_pass_in_two_chunks",
         "float32 SUM over 2 ranks at W = 2 bytes with chunks and blocks of 16: 264 elements make 17 "
-        "chunks and 17 blocks, so the scale pass (17 proposals) is itself two chunks, of 16 and 1.",
+        "chunks and 17 blocks, so the scale pass (17 proposals and the chunk proposal) is itself two "
+        "chunks, of 16 and 2.",
         DType.FLOAT32,
         ReduceOp.SUM,
         2,
         16,
         16,
         [mixed(264, 7), mixed(264, 9)],
+    ),
+    Operation(
+        "float32_sum_agreed_chunks",
+        "float32 SUM over 3 ranks at W = 4 bytes, chunks and blocks of 16 and scaled_chunk_elements "
+        "64: the ranks propose chunks of 2, 4 and 3 blocks, so the scale pass (5 proposals and the "
+        "chunk proposal, one chunk of 6) agrees 2 and the data's 80 elements go in chunks of 32, "
+        "32 and 16 elements.  Block b still covers elements 16 b to 16 b + 15.",
+        DType.FLOAT32,
+        ReduceOp.SUM,
+        4,
+        16,
+        16,
+        [mixed(80, 2), mixed(80, 4), mixed(80, 6)],
+        chunk_proposals=[2, 4, 3],
+        scaled_chunk_elements=64,
     ),
     Operation(
         "float32_reduce_avg_root_1",
