@@ -21,10 +21,12 @@ limit for block-scaled chunks is lower still).
 
 from __future__ import annotations
 
-CHUNK_SECONDS = 0.016
+CHUNK_SECONDS = 0.032
 """A chunk is proposed no larger than what the rank's measured goodput moves in this
 long, so that on a slow path the last chunk's drain stays short and a window of chunks
-stays within a shaped link's queue."""
+stays within a shaped link's queue (three chunks: about 0.1 s of the link's rate, what
+a 100 ms queue holds).  Not shorter: a path that is slow because the hosts' CPU is
+busy measures a low goodput too, and it is the path that larger chunks help most."""
 
 MIN_CHUNKS = 8
 """Nor larger than an eighth of the operation, so that a large one still pipelines."""

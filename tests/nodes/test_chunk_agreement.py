@@ -76,7 +76,7 @@ def data_chunk_sizes(cluster: Deployment) -> dict[str, set[int]]:
         ([None] * RANKS, BASE),  # nobody has measured: the base chunk
         ([FAST] * RANKS, LARGEST),
         ([FAST, FAST, None, FAST], BASE),  # the slowest (here, unmeasured) rank decides
-        ([FAST, 20e6, FAST, FAST], 2 * BASE),
+        ([FAST, 10e6, FAST, FAST], 2 * BASE),
     ],
 )
 def test_the_ranks_cut_the_data_at_the_smallest_proposal(goodputs: list[float | None], agreed: int) -> None:

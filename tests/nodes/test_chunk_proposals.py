@@ -23,9 +23,9 @@ def test_before_measuring_a_rank_proposes_the_groups_chunk_size() -> None:
 @pytest.mark.parametrize(
     ("goodput", "expected"),
     [
-        (5e6, 32768),  # 40 Mbit/s: a 128 KiB chunk already takes 26 ms
-        (12e6, 32768),  # 100 Mbit/s
-        (20e6, 65536),  # 256 KiB moves in under CHUNK_SECONDS
+        (5e6, 32768),  # 40 Mbit/s: a 256 KiB chunk would take 52 ms
+        (10e6, 65536),  # 80 Mbit/s: 256 KiB moves in under CHUNK_SECONDS
+        (20e6, 131072),
         (40e6, 131072),
         (1e9, 131072),  # never above the group's limit
     ],
@@ -36,7 +36,7 @@ def test_the_proposal_follows_the_measured_goodput(goodput: float, expected: int
 
 
 def test_the_proposal_grows_from_the_groups_chunk_size_by_doubling() -> None:
-    assert chunk(1e6, planned=256) == 2048  # 16 kB in 16 ms is 4000 elements
+    assert chunk(1e6, planned=256) == 4096  # 32 kB in 32 ms is 8000 elements
     assert chunk(1e9, planned=256) == 131072
     assert chunk(1e9, planned=768) == 98304  # 768 x 2^7: the limit stops the next doubling
 
