@@ -39,6 +39,7 @@ from cco.client.arrays import (
 from cco.client.communicator import DEFAULT_JOIN_TIMEOUT, Communicator
 from cco.client.spec import GroupSpec, default_rank
 from cco.nodes.calls import CollectiveRequest
+from cco.nodes.planning import check_out
 from cco.transport import TransportConfig
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.registries import GROUP_ID_SIZE, Collective, ReduceOp
@@ -416,27 +417,8 @@ def _whole_out(kind: Collective, array: np.ndarray, out: Any, world: int) -> np.
     (the parts see only views of it)."""
     if out is None:
         return None
-    out = as_array(out, "out")
-    whole: np.ndarray = out
-    if kind is Collective.ALL_GATHER:
-        shape: tuple[int, ...] = (world, *array.shape)
-    elif kind is Collective.REDUCE_SCATTER:
-        shape = (array.size // world,)
-    else:
-        shape = array.shape
-    if out.shape != shape or out.dtype != array.dtype:
-        raise CcoError(
-            ErrorCode.INVALID_FIELD,
-            f"out is {out.dtype} of shape {out.shape}; "
-            f"the {kind.name} result is {array.dtype} of shape {shape}",
-        )
-    if not (out.flags.c_contiguous and out.flags.writeable):
-        raise CcoError(ErrorCode.INVALID_FIELD, "out must be C-contiguous and writeable")
-    if np.may_share_memory(out, array):
-        raise CcoError(
-            ErrorCode.INVALID_FIELD,
-            "out shares memory with the input array, which the operation reads until it completes",
-        )
+    whole: np.ndarray = as_array(out, "out")
+    check_out(kind, whole, array, array.dtype, world)
     return whole
 
 

@@ -73,7 +73,7 @@ def plan(request: CollectiveRequest, membership: Membership) -> Prepared:
     if array is not None and array.dtype != element.storage:
         raise CcoError(ErrorCode.INVALID_FIELD, f"{dtype.name} arrays are numpy {element.storage}")
     if request.out is not None:
-        _check_out(request, array, element.storage, membership.world_size)
+        check_out(request.kind, request.out, array, element.storage, membership.world_size)
     check_operation(request.kind, op, dtype, 0 if array is None else array.size)
     exact = array is not None and sums_exactly(request.kind, op, dtype, array.size)
     scaled = form(request.kind, op, dtype, exact) is Form.BLOCK_SCALED
@@ -150,12 +150,11 @@ def _checked(
     return dtype, request.op, request.root, array
 
 
-def _check_out(
-    request: CollectiveRequest, array: np.ndarray | None, storage: np.dtype, world_size: int
+def check_out(
+    kind: Collective, out: object, array: np.ndarray | None, storage: np.dtype, world_size: int
 ) -> None:
-    """``out`` must take exactly the result, and never overlap the input."""
-    out = request.out
-    kind = request.kind
+    """``out`` must take exactly the result of ``kind`` over ``array`` (elements of
+    ``storage``), and never overlap the input."""
     if not isinstance(out, np.ndarray):
         raise CcoError(ErrorCode.INVALID_FIELD, f"out is a {type(out).__name__}, not a numpy array")
     if kind is Collective.BARRIER:

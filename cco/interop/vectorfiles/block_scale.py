@@ -178,7 +178,8 @@ def operation_vector(o: Operation) -> Vector:
                 "result": message_json(scale_result),
             }
         )
-    agreed, agreed_chunk = np.concatenate(agreed_parts)[:-1], int(np.concatenate(agreed_parts)[-1])
+    agreed_pass = np.concatenate(agreed_parts)
+    agreed, agreed_chunk = agreed_pass[:-1], int(agreed_pass[-1])
     data_chunk_elements = o.chunk_elements if agreed_chunk <= 0 else agreed_chunk * o.block_elements
     spans = _chunk_spans(total, data_chunk_elements)
     per_chunk = -(-data_chunk_elements // o.block_elements)
