@@ -73,12 +73,15 @@ def _yield_core() -> None:
 
 def _digest_then_draw(
     result: np.ndarray, data: np.ndarray, following: int | None, rank: int, dtype: DType
-) -> str:
-    """The result's digest; then, unless ``following`` is None, that round's input drawn into ``data``."""
+) -> tuple[str, float]:
+    """The result's digest; then, unless ``following`` is None, that round's input
+    drawn into ``data``.  Also the CPU seconds this took (its own thread's), which the
+    record reports so that a node's CPU per byte can leave the workload's out."""
+    cpu = time.thread_time()
     digest = _digest(result)
     if following is not None:
         make_input(WORKLOAD_SEED, following, rank, dtype, len(data), out=data)
-    return digest
+    return digest, time.thread_time() - cpu
 
 
 def _digest(array: np.ndarray | None) -> str:
@@ -191,6 +194,14 @@ async def _allreduce_rounds(
     round's hash and draw held it (and so this node's heartbeats) for seconds on a
     loaded machine, long enough for the rendezvous to evict the rank.
 
+    A large run (not under quorum) also meets the other ranks in a barrier, not
+    timed, before each call, as the Gloo side of the benchmarks does: hashing and
+    drawing 64 MiB takes a rank tens of milliseconds of CPU, more where ranks share
+    cores, and without the barrier the first rank to call timed its wait for the
+    last one's draw as part of the collective.  Its records give that CPU too
+    (``workload_cpu_seconds``, the worker thread's), which is the workload's and not
+    the datapath's.
+
     A strict run ends with a barrier, not timed, before its results are hashed and
     reported (see the comment there).
 
@@ -213,6 +224,8 @@ async def _allreduce_rounds(
         if predrawn:
             data, out = inputs[round_index], outputs[round_index]
             _yield_core()
+        elif quorum is None:
+            await comm.barrier()
         started, start = time.monotonic(), time.perf_counter()
         contributors: list[int] | None = None
         if quorum is None:
@@ -223,18 +236,22 @@ async def _allreduce_rounds(
             )
             result, contributors = partial.array, sorted(partial.contributors)
         seconds = time.perf_counter() - start
+        workload_cpu = 0.0
         if predrawn:
             results.append(result)
             digest = ""  # hashed after the last round
         else:
             following = round_index + 1 if round_index + 1 < rounds else None
-            digest = await asyncio.to_thread(_digest_then_draw, result, data, following, comm.rank, dtype)
+            digest, workload_cpu = await asyncio.to_thread(
+                _digest_then_draw, result, data, following, comm.rank, dtype
+            )
         record: dict[str, Any] = {
             "round": round_index,
             "seconds": seconds,
             "started": started,
             "bytes": data.nbytes,
             "sha256": digest,
+            "workload_cpu_seconds": workload_cpu,
         }
         if contributors is not None:
             record["contributors"] = contributors

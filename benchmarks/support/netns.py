@@ -487,16 +487,27 @@ class EndpointRun:
         """CPU seconds of the aggregator and of each endpoint (by rank) from the first
         rank's call of round ``first`` to the last rank's result of the last round:
         the warm datapath, without start-up, joining and the rounds before; None
-        where the trace does not cover it (it takes a few seconds, see cputrace.py)."""
+        where the trace does not cover it (it takes a few seconds, see cputrace.py).
+
+        An endpoint's figure leaves out what its workload spent between those calls
+        hashing each result and drawing the next input (``workload_cpu_seconds`` of
+        every round but the last, measured on the workload's thread): that is the
+        benchmark's own work, which Gloo's side does not do, not the datapath's."""
         if self.trace is None or first >= len(self.reports[0]["rounds"]):
             return None
         start = min(r["rounds"][first]["started"] for r in self.reports)
         end = max(r["rounds"][-1]["started"] + r["rounds"][-1]["seconds"] for r in self.reports)
         aggregator = self.trace.between(self.aggregator_pid, start, end)
-        endpoints = [self.trace.between(pid, start, end) for pid in self.endpoint_pids]
-        if aggregator is None or any(cpu is None for cpu in endpoints):
+        endpoints = []
+        for pid, report in zip(self.endpoint_pids, self.reports, strict=True):
+            cpu = self.trace.between(pid, start, end)
+            if cpu is None:
+                return None
+            workload = sum(r.get("workload_cpu_seconds", 0.0) for r in report["rounds"][first:-1])
+            endpoints.append(cpu - workload)
+        if aggregator is None:
             return None
-        return aggregator, [cpu for cpu in endpoints if cpu is not None]
+        return aggregator, endpoints
 
     def round_seconds(self) -> list[float]:
         """Each round's time on the slowest rank."""

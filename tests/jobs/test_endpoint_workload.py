@@ -96,19 +96,43 @@ def test_a_small_run_draws_before_its_first_call_and_hashes_after_its_last(
     check_records(summary, elements, 3)
 
 
+LARGE = jobs.PREDRAWN_BYTES // 4 // 3 + 1
+"""Elements per round of a large run: three rounds are one element over the bound."""
+
+
 def test_a_large_run_hashes_and_draws_between_calls_on_a_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    elements = jobs.PREDRAWN_BYTES // 4 // 3 + 1  # three rounds are one element over the bound
-    summary, seen = run_rounds(elements, 3, monkeypatch)
+    """And meets the other ranks before each call, so that no rank's call times
+    another's drawing."""
+    summary, seen = run_rounds(LARGE, 3, monkeypatch)
     assert seen == [
         ("draw", "worker", 0),
+        ("barrier", "loop", 0),
         ("hash", "worker", 1),
         ("draw", "worker", 1),
+        ("barrier", "loop", 1),
         ("hash", "worker", 2),
         ("draw", "worker", 2),
+        ("barrier", "loop", 2),
         ("hash", "worker", 3),
         ("barrier", "loop", 3),
     ]
-    check_records(summary, elements, 3)
+    check_records(summary, LARGE, 3)
+
+
+def test_a_large_run_reports_the_cpu_its_hashing_and_drawing_took(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The benchmarks leave it out of a node's CPU per byte; a small run does neither
+    between its calls."""
+    large, _ = run_rounds(LARGE, 3, monkeypatch)
+    small, _ = run_rounds(2, 3, monkeypatch)
+    # hashing and drawing a quarter of a million floats takes at least a CPU tick
+    assert all(record["workload_cpu_seconds"] > 0 for record in large["rounds"])
+    assert [record["workload_cpu_seconds"] for record in small["rounds"]] == [0.0] * 3
+
+
+def test_a_large_quorum_run_meets_no_barrier(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A quorum round does not wait for every member, and neither may its start."""
+    _, seen = run_rounds(LARGE, 3, monkeypatch, Quorum(min_ranks=2, wait=0.1))
+    assert [what for what, _, _ in seen] == ["draw", "hash", "draw", "hash", "draw", "hash"]
 
 
 def test_a_quorum_run_does_not_wait_for_every_member_at_the_end(monkeypatch: pytest.MonkeyPatch) -> None:
