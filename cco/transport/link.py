@@ -462,6 +462,57 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         if termination is not None and self._close_reason is None:
             self._mark_closed(*describe_termination(termination))  # the peer closed
 
+    def _process_events(self) -> None:
+        """Take the events QUIC has ready; consecutive stream data of one stream as one run.
+
+        The stack reports one event per STREAM frame, so one per datagram of a large
+        message.  Handed on one by one, each paid for the whole dispatch (event
+        type tests, stream lookup, bounds, frame timer); a run pays for it once, and
+        the frame decoder sees its pieces in one call.  Every other event goes the
+        way aioquic's protocol takes it, in order.
+        """
+        next_event = self._quic.next_event
+        event = next_event()
+        while event is not None:
+            if type(event) is not events.StreamDataReceived:
+                self._on_quic_event(event)
+                event = next_event()
+                continue
+            stream_id = event.stream_id
+            pieces = [event.data]
+            end_stream = event.end_stream
+            event = next_event()
+            while (
+                not end_stream and type(event) is events.StreamDataReceived and event.stream_id == stream_id
+            ):
+                pieces.append(event.data)
+                end_stream = event.end_stream
+                event = next_event()
+            if self._close_reason is None:
+                self._guarded(self._on_stream_data, stream_id, pieces, end_stream)
+
+    def _on_quic_event(self, event: events.QuicEvent) -> None:
+        """One event other than stream data: aioquic's bookkeeping for it, then ours.
+        (Its waiters for ``wait_connected`` and ``ping`` are left out: a link uses
+        neither.)"""
+        if isinstance(event, events.ConnectionIdIssued):
+            self._connection_id_issued_handler(event.connection_id)
+        elif isinstance(event, events.ConnectionIdRetired):
+            self._connection_id_retired_handler(event.connection_id)
+        elif isinstance(event, events.ConnectionTerminated):
+            self._connection_terminated_handler()
+            self._closed.set()
+        self.quic_event_received(event)
+
+    def _guarded(self, handler: Callable[..., None], *args: object) -> None:
+        """Run ``handler``: a bug of ours must cost this connection, not the event
+        loop's callback (which, on a server, is shared by every connection)."""
+        try:
+            handler(*args)
+        except Exception:
+            logger.exception("internal error on CCO link; closing it")
+            self.fail(ErrorCode.INTERNAL_ERROR, "internal error")
+
     def quic_event_received(self, event: events.QuicEvent) -> None:
         if isinstance(event, events.ConnectionTerminated):
             self._mark_closed(*describe_termination(event))
@@ -472,19 +523,13 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
             for callback in self._on_terminated:
                 callback()
         elif self._close_reason is None:
-            try:
-                self._on_event(event)
-            except Exception:
-                # A bug of ours must cost this connection, not the event loop's callback
-                # (which, on a server, is shared by every connection).
-                logger.exception("internal error on CCO link; closing it")
-                self.fail(ErrorCode.INTERNAL_ERROR, "internal error")
+            self._guarded(self._on_event, event)
 
     def _on_event(self, event: events.QuicEvent) -> None:
         if isinstance(event, events.HandshakeCompleted):
             self._on_handshake_completed(event)
         elif isinstance(event, events.StreamDataReceived):
-            self._on_stream_data(event.stream_id, event.data, event.end_stream)
+            self._on_stream_data(event.stream_id, [event.data], event.end_stream)
         elif isinstance(event, (events.StreamReset, events.StopSendingReceived)):
             self.fail(ErrorCode.PROTOCOL_VIOLATION, f"stream {event.stream_id} was reset or stopped")
 
@@ -505,10 +550,11 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
                 f"no Hello within {self._config.hello_timeout} s of the TLS handshake",
             )
 
-    def _on_stream_data(self, stream_id: int, data: bytes, end_stream: bool) -> None:
+    def _on_stream_data(self, stream_id: int, pieces: list[bytes], end_stream: bool) -> None:
+        """A run of data received on one stream, in order, ending it if ``end_stream``."""
         try:
             stream = self._inbound.stream(stream_id)
-            frames = self._inbound.feed(stream, data)
+            frames = self._inbound.feed(stream, pieces)
         except CcoError as exc:  # DecodeError too
             detail = f"stream {stream_id}: {exc.detail}" if isinstance(exc, DecodeError) else exc.detail
             self.fail(exc.code, detail)
@@ -540,7 +586,7 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         if again is not None:
             self._frame_timer = self._loop.call_later(again - time.monotonic(), self._check_frames)
 
-    def _on_frame(self, stream: InboundStream, frame: bytes) -> bool:
+    def _on_frame(self, stream: InboundStream, frame: bytes | memoryview) -> bool:
         """Handle one complete frame; False once the connection has been failed."""
         try:
             message = decode_message(frame)
