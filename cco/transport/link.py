@@ -64,14 +64,24 @@ from cco.transport.udp import BatchedUdpTransport, SegmentedDatagramProtocol
 from cco.transport.unreachable import CONFIRM_SPAN, UnreachableTracker, peer_key
 from cco.wire.errors import CcoError, DecodeError, ErrorCode
 from cco.wire.framing import encode_frame, frame_prefix
-from cco.wire.messages import Error, Hello, HelloAck, Message, decode_message, encode_message
+from cco.wire.messages import (
+    Error,
+    Hello,
+    HelloAck,
+    Message,
+    decode_message,
+    encode_message,
+    encode_message_pieces,
+)
 from cco.wire.registries import ALPN, MessageType
 
 logger = logging.getLogger(__name__)
 
 JOIN_BELOW = 16 * 1024
-"""Messages of at most this many bytes are joined to their frame prefix before they
-are queued (one write to QUIC instead of two; see :meth:`LinkProtocol.send_message`)."""
+"""A byte string of at least this many bytes in a message (a chunk's payload) is
+handed to QUIC as a write of its own, not copied into the encoded message; the rest
+of the message, with its frame prefix, goes in as few writes as it allows (see
+:meth:`LinkProtocol.send_message`)."""
 
 _MAX_DETAIL = 1024  # Error.detail limit (cco.wire.messages)
 _MAX_REASON = 256  # bytes of detail copied into CONNECTION_CLOSE
@@ -114,21 +124,22 @@ class _Phase(enum.Enum):
     CLOSED = enum.auto()
 
 
-_last_encoded: tuple[Message, bytes] | None = None
+_last_encoded: tuple[Message, list[bytes]] | None = None
 
 
-def _encoded(message: Message) -> bytes:
-    """``encode_message(message)``, computed once when the same message goes to several
-    peers in a row, as an aggregator's Result goes to every child.  Messages are
-    immutable, and the cache is one (message, encoding) pair compared by identity,
-    so a stale pair can never be taken for another message."""
+def _encoded(message: Message) -> list[bytes]:
+    """``message`` encoded in pieces (:func:`encode_message_pieces`), computed once
+    when the same message goes to several peers in a row, as an aggregator's Result
+    goes to every child.  Messages are immutable, and the cache is one (message,
+    pieces) pair compared by identity, so a stale pair can never be taken for
+    another message."""
     global _last_encoded
     last = _last_encoded
     if last is not None and last[0] is message:
         return last[1]
-    encoded = encode_message(message)
-    _last_encoded = (message, encoded)
-    return encoded
+    pieces = encode_message_pieces(message, JOIN_BELOW)
+    _last_encoded = (message, pieces)
+    return pieces
 
 
 class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
@@ -262,12 +273,13 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
     def send_message(self, message: Message) -> None:
         if self._close_reason is not None:
             raise LinkClosed(*self._close_reason)
-        body = _encoded(message)
-        prefix = frame_prefix(len(body), self._send_limit)
-        # A large message goes as two pieces, so that it is never copied to join its
-        # prefix; a small one as one, since each piece handed to QUIC costs a call
-        # into the stack that is dearer than copying a few KiB.
-        pieces = (prefix, body) if len(body) > JOIN_BELOW else (prefix + body,)
+        encoded = _encoded(message)
+        prefix = frame_prefix(sum(map(len, encoded)), self._send_limit)
+        # A large payload goes as a write of its own, so that it is never copied to
+        # join what precedes it; the small pieces are joined, since each write to
+        # QUIC costs a call into the stack that is dearer than copying a few KiB.
+        first = encoded[0]
+        pieces = (prefix + first, *encoded[1:]) if len(first) < JOIN_BELOW else (prefix, *encoded)
         if isinstance(message, DATA_MESSAGES):
             stream_id = self._outbound.get(message.group_id)
             if stream_id is None:

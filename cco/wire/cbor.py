@@ -73,6 +73,91 @@ def encode_in_order(value: CborValue) -> bytes:
     return cbor2.dumps(value)
 
 
+def encode_in_order_pieces(value: CborValue, large: int) -> list[bytes]:
+    """:func:`encode_in_order`'s bytes for ``value`` (in the same form), as pieces to
+    be written one after another: every byte string of at least ``large`` bytes is
+    a piece of its own, the very object in ``value``, and the bytes between them are
+    joined into as few pieces as they allow.
+
+    A sender that hands the pieces to its transport one by one never copies a large
+    payload into an encoded message, only to have the transport copy it again.
+    """
+    parts: list[bytes] = []
+    _gather(value, large, parts)
+    pieces: list[bytes] = []
+    small: list[bytes] = []
+    for part in parts:
+        if len(part) < large:
+            small.append(part)
+            continue
+        if small:
+            pieces.append(b"".join(small))
+            small.clear()
+        pieces.append(part)
+    if small:
+        pieces.append(b"".join(small))
+    return pieces
+
+
+def _gather(value: CborValue, large: int, parts: list[bytes]) -> None:
+    """Append the encoding of ``value`` to ``parts``: a large byte string as its head
+    and itself, each run of other items of a container as one encoding by cbor2."""
+    if type(value) is bytes and len(value) >= large:
+        parts += (_item_head(2, len(value)), value)
+    elif type(value) is list:
+        parts.append(_item_head(4, len(value)))
+        run: list[CborValue] = []
+        for item in value:
+            if _holds_large(item, large):
+                _flush_run(run, 4, parts)
+                _gather(item, large, parts)
+            else:
+                run.append(item)
+        _flush_run(run, 4, parts)
+    elif type(value) is dict:
+        parts.append(_item_head(5, len(value)))
+        entries: dict[CborKey, CborValue] = {}
+        for key, item in value.items():
+            if _holds_large(item, large):
+                _flush_run(entries, 5, parts)
+                parts.append(cbor2.dumps(key))
+                _gather(item, large, parts)
+            else:
+                entries[key] = item
+        _flush_run(entries, 5, parts)
+    else:
+        parts.append(cbor2.dumps(value))
+
+
+def _flush_run(run: list[CborValue] | dict[CborKey, CborValue], major: int, parts: list[bytes]) -> None:
+    """Append the encoding of the items (or entries) in ``run``, without the head
+    cbor2 gives their container, and empty ``run``."""
+    if run:
+        parts.append(cbor2.dumps(run)[len(_item_head(major, len(run))) :])
+        run.clear()
+
+
+def _holds_large(value: CborValue, large: int) -> bool:
+    """Whether ``value`` is, or holds, a byte string of at least ``large`` bytes."""
+    if type(value) is bytes:
+        return len(value) >= large
+    if type(value) is list:
+        return any(_holds_large(item, large) for item in value)
+    if type(value) is dict:
+        return any(_holds_large(item, large) for item in value.values())
+    return False
+
+
+def _item_head(major: int, argument: int) -> bytes:
+    """The head of an item of major type ``major`` with ``argument`` (a length), in
+    its shortest form."""
+    if argument < 24:
+        return bytes((major << 5 | argument,))
+    size = 1 if argument < 1 << 8 else 2 if argument < 1 << 16 else 4 if argument < 1 << 32 else 8
+    info = {1: 24, 2: 25, 4: 26, 8: 27}[size]
+    return bytes((major << 5 | info,)) + argument.to_bytes(size, "big")
+
+
 def _key_rank(key: CborKey) -> tuple[int, int, bytes]:
     """Where ``key``'s encoding sorts bytewise, without encoding it.
 

@@ -732,6 +732,13 @@ def encode_message(message: Message) -> bytes:
     return cbor.encode_in_order([int(message.TYPE), message.to_map()])
 
 
+def encode_message_pieces(message: Message, large: int) -> list[bytes]:
+    """:func:`encode_message`'s bytes as consecutive pieces, each byte string of at
+    least ``large`` bytes (a chunk's payload) a piece of its own and not copied
+    (:func:`cbor.encode_in_order_pieces`)."""
+    return cbor.encode_in_order_pieces([int(message.TYPE), message.to_map()], large)
+
+
 def decode_message(
     data: bytes | bytearray | memoryview, limits: cbor.DecodeLimits = cbor.DEFAULT_LIMITS
 ) -> Message:
