@@ -733,10 +733,14 @@ def encode_message(message: Message) -> bytes:
 
 
 def encode_message_pieces(message: Message, large: int) -> list[bytes]:
-    """:func:`encode_message`'s bytes as consecutive pieces, each byte string of at
-    least ``large`` bytes (a chunk's payload) a piece of its own and not copied
-    (:func:`cbor.encode_in_order_pieces`)."""
-    return cbor.encode_in_order_pieces([int(message.TYPE), message.to_map()], large)
+    """:func:`encode_message`'s bytes as consecutive pieces: a chunk's payload of at
+    least ``large`` bytes is a piece of its own, not copied, as is any other byte
+    string of that size in such a chunk (:func:`cbor.encode_in_order_pieces`); any
+    other message is one piece, encoded as :func:`encode_message` does (walking a
+    small message for large strings cost more than encoding it whole)."""
+    if isinstance(message, ChunkMessage) and len(message.payload) >= large:
+        return cbor.encode_in_order_pieces([int(message.TYPE), message.to_map()], large)
+    return [encode_message(message)]
 
 
 def decode_message(

@@ -80,3 +80,5 @@ def test_message_pieces_join_to_the_message(message: Message, large: int) -> Non
     assert b"".join(pieces) == encode_message(message)
     if isinstance(message, ChunkMessage) and len(message.payload) >= large:
         assert any(piece is message.payload for piece in pieces)  # not copied
+    else:
+        assert len(pieces) == 1
