@@ -69,7 +69,7 @@ from cco.wire.messages import (
     Hello,
     HelloAck,
     Message,
-    decode_message,
+    decode_message_pieces,
     encode_message,
     encode_message_pieces,
 )
@@ -598,20 +598,22 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         if again is not None:
             self._frame_timer = self._loop.call_later(again - time.monotonic(), self._check_frames)
 
-    def _on_frame(self, stream: InboundStream, frame: bytes | memoryview) -> bool:
-        """Handle one complete frame; False once the connection has been failed."""
+    def _on_frame(self, stream: InboundStream, frame: list[bytes | memoryview]) -> bool:
+        """Handle one complete frame, given as the pieces it arrived in; False once the
+        connection has been failed."""
+        size = sum(map(len, frame))
         try:
-            message = decode_message(frame)
+            message = decode_message_pieces(frame)
         except DecodeError as exc:
             if self._config.close_on_decode_error or self._phase is not _Phase.OPEN:
                 self.fail(exc.code, exc.detail)
                 return False
-            self._inbox.put(exc, len(frame))
+            self._inbox.put(exc, size)
             return True
         if stream.is_control:
-            self._on_control_message(message, len(frame))
+            self._on_control_message(message, size)
         else:
-            self._on_data_message(stream, message, len(frame))
+            self._on_data_message(stream, message, size)
         return self._close_reason is None
 
     def _on_control_message(self, message: Message, size: int) -> None:

@@ -120,8 +120,9 @@ class InboundStreams:
             self.streams[stream_id] = stream
         return stream
 
-    def feed(self, stream: InboundStream, pieces: Iterable[bytes]) -> list[bytes | memoryview]:
-        """The frames ``pieces`` (a run of stream data, in order) complete on ``stream``.
+    def feed(self, stream: InboundStream, pieces: Iterable[bytes]) -> list[list[bytes | memoryview]]:
+        """The frames ``pieces`` (a run of stream data, in order) complete on ``stream``,
+        each as its pieces (:meth:`FrameDecoder.feed_run`).
         DecodeError for bad framing; RESOURCE_EXHAUSTED once what this connection or the
         node holds in part passes its bound (counted first, so that :meth:`release`
         gives it all back)."""

@@ -9,6 +9,7 @@ the same shapes appear in ``spec/cco.cddl``).  :func:`encode_message` and
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -747,7 +748,19 @@ def decode_message(
     data: bytes | bytearray | memoryview, limits: cbor.DecodeLimits = cbor.DEFAULT_LIMITS
 ) -> Message:
     """Decode one message; every failure is a :class:`DecodeError` with its code."""
-    raw = cbor.decode(data, limits)
+    return _message(cbor.decode(data, limits))
+
+
+def decode_message_pieces(
+    pieces: Sequence[bytes | memoryview], limits: cbor.DecodeLimits = cbor.DEFAULT_LIMITS
+) -> Message:
+    """:func:`decode_message` of the concatenation of ``pieces`` (a frame as it arrived),
+    its payload joined straight out of them (:func:`cbor.decode_pieces`)."""
+    return _message(cbor.decode_pieces(pieces, limits))
+
+
+def _message(raw: cbor.CborValue) -> Message:
+    """The message a decoded ``[type, body]`` is; DecodeError if it is none."""
     if not isinstance(raw, list) or len(raw) != 2:
         raise DecodeError(ErrorCode.INVALID_FIELD, "a message is a two-element array [type, body]")
     type_code, body = raw
