@@ -538,10 +538,9 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
             self._guarded(self._on_event, event)
 
     def _on_event(self, event: events.QuicEvent) -> None:
+        """An event other than stream data (:meth:`_process_events` takes that)."""
         if isinstance(event, events.HandshakeCompleted):
             self._on_handshake_completed(event)
-        elif isinstance(event, events.StreamDataReceived):
-            self._on_stream_data(event.stream_id, [event.data], event.end_stream)
         elif isinstance(event, (events.StreamReset, events.StopSendingReceived)):
             self.fail(ErrorCode.PROTOCOL_VIOLATION, f"stream {event.stream_id} was reset or stopped")
 

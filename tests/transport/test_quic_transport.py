@@ -1031,6 +1031,40 @@ def test_a_message_sent_to_several_peers_in_a_row_is_encoded_once(
     run(test)
 
 
+def test_qh3_takes_what_arrives_after_the_handshake_straight_to_its_core(
+    pki: Path, quic_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without qlog, no datagram received after the handshake goes through qh3's own
+    receive methods, whose walk over a run's datagrams sliced (copied) each one to
+    log it; the messages still arrive whole both ways."""
+    if quic_backend != "qh3":
+        pytest.skip("only the qh3 backend has that walk")
+
+    async def test() -> None:
+        async with server(pki) as (srv, accepted):
+            link = await dial(srv, pki)
+            peer = await accepted.get()
+            walked: list[str] = []
+            for end in (link, peer):
+                native = protocol(end)._cco._native  # type: ignore[attr-defined]
+                for name in ("receive_datagram", "receive_many_datagrams", "receive_gro_buffer"):
+                    method = getattr(native, name)
+
+                    def counted(*args: Any, name: str = name, method: Any = method) -> None:
+                        walked.append(name)
+                        method(*args)
+
+                    monkeypatch.setattr(native, name, counted)
+            message = chunk(GROUP_A, 0, elements=1 << 15, chunks=1)
+            link.send(message)
+            assert await peer.receive() == message
+            peer.send(message)
+            assert await link.receive() == message
+            assert walked == []
+
+    run(test)
+
+
 def test_qlog_and_key_log_are_written(pki: Path, tmp_path: Path) -> None:
     async def test() -> None:
         server_qlog, client_qlog, keylog = tmp_path / "qlog-s", tmp_path / "qlog-c", tmp_path / "keys.log"
