@@ -50,6 +50,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "endpoint_chunk.json"
 RANKS = 4
 AGGREGATOR_STEPS = ("aggregate",)
 BLOCK = blockscale.DEFAULT_BLOCK_ELEMENTS
+WIDTH = 4  # float32's own
 
 
 def keep_freed_memory() -> None:
@@ -65,7 +66,7 @@ def steps(elements: int) -> dict[str, Callable[[], object]]:
     element = ELEMENT_TYPES[DType.FLOAT32]
     keys = derive_group_keys(b"s" * 32, b"g" * 16)
     inputs = [np.random.default_rng(r).random(elements, dtype=np.float32) * 2 - 1 for r in range(RANKS)]
-    limit = blockscale.sum_limit(4, RANKS)
+    limit = blockscale.sum_limit(WIDTH, RANKS)
     proposals = [blockscale.propose(x, element, BLOCK, limit) for x in inputs]
     agreed = np.minimum.reduce(proposals)
     header = payload.ChunkHeader(
@@ -78,13 +79,15 @@ def steps(elements: int) -> dict[str, Callable[[], object]]:
         total_elements=elements,
         chunk_elements=elements,
         chunk_index=0,
-        width=4,
+        width=WIDTH,
         block_elements=BLOCK,
         scales=agreed.astype("<i2").tobytes(),
     )
 
     def chunk_values(rank: int) -> np.ndarray:
-        return blockscale.chunk_integers(inputs[rank], element, agreed, proposals[rank], BLOCK, limit)
+        return blockscale.chunk_integers(
+            inputs[rank], element, agreed, proposals[rank], BLOCK, limit, width=WIDTH
+        )
 
     parts = [payload.seal(keys, header, rank, chunk_values(rank)) for rank in range(RANKS)]
     result = payload.combine(parts, Result)
@@ -107,8 +110,7 @@ def steps(elements: int) -> dict[str, Callable[[], object]]:
     stored = np.empty(elements, dtype=np.float32)
 
     def dequantize() -> np.ndarray:
-        stored[:] = blockscale.dequantize(verified[:elements], agreed, BLOCK, 1, element)
-        return stored
+        return blockscale.dequantize(verified, agreed, BLOCK, 1, element, out=stored)
 
     def aggregate() -> object:
         combined = payload.Aggregate(parts[0])
@@ -145,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     rate = args.elements * 4 / total / 1e6
     print(f"{'endpoint steps':16} {total * 1e6:8.0f} us   {rate:7.0f} MB/s of float32 per CPU second")
     moved = (RANKS + 1) * args.elements * 4  # the parts in, the aggregate out
-    print(f"{'aggregator':16} {rows['aggregate'] * 1e6:8.0f} us   {moved / rows['aggregate'] / 1e6:7.0f} MB/s in plus out")
+    aggregate = rows["aggregate"]
+    print(f"{'aggregator':16} {aggregate * 1e6:8.0f} us   {moved / aggregate / 1e6:7.0f} MB/s in plus out")
     path = kernels.active()
     print(f"the MAC's inner product on {path} (CCO_KERNELS=numpy or numba chooses)")
     args.out.parent.mkdir(parents=True, exist_ok=True)

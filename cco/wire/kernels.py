@@ -6,7 +6,8 @@ passes, through temporary arrays:
 * the MAC's inner product (:class:`~cco.wire.modp.InnerProduct`), which numpy
   computes over limbs cut so that 64-bit sums hold them, in about a dozen passes;
 * scaling a verified Result back (:func:`~cco.wire.blockscale.dequantize`): widen,
-  multiply, divide for AVG, round to the application's type;
+  multiply, divide for AVG, round to the application's type, written straight into
+  the chunk's place in the result;
 * an aggregator adding a child's integers into a slot's int64 accumulator
   (:func:`accumulate`: widen, add, and the accumulator's extremes, which the range
   check and the Result's width need, in one pass instead of three); writing the
@@ -106,8 +107,9 @@ def scaled_back(
 ) -> bool:
     """out[j] = values[j] * factors[b] (divided by ``divisor`` unless it is 1), in
     binary64, then rounded once to the type of ``out``: numpy's ``astype``, multiply,
-    divide and ``astype`` again, element by element.  False if some result is not
-    finite in ``out``'s type."""
+    divide and ``astype`` again, element by element.  ``values`` are signed integers
+    of any width, widened one at a time.  False if some result is not finite in
+    ``out``'s type."""
     finite = True
     n = len(values)
     for b in range(len(factors)):
@@ -277,7 +279,10 @@ def _preload() -> bool:
         values.flags.writeable = False  # a received payload's integers are read-only views
         run(sums, words, values)
     for storage in (np.float32, np.float64):
-        run(back, np.zeros(SMALL + 1, np.int64), np.ones(1), SMALL + 1, 1, np.empty(SMALL + 1, storage))
+        for itemsize in (1, 2, 4, 8):
+            held = np.zeros(SMALL + 1, f"<i{itemsize}")
+            held.flags.writeable = False  # scaled back as the verified payload holds them
+            run(back, held, np.ones(1), SMALL + 1, 1, np.empty(SMALL + 1, storage))
     return _numba() is not None
 
 

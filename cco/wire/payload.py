@@ -270,25 +270,34 @@ def seal(
     """Rank ``rank``'s chunk: its int64 ``values`` (for a block-scaled chunk, the
     elements then the attestations) packed at the chunk's width, tagged when the op
     is verifiable.  OVERFLOW if a tagged value leaves [-B, B] or a block-scaled one
-    its width.  The tag's coefficients are kept in ``coefficients``, for verifying
-    the chunk's aggregate with :func:`open_verified`."""
+    its width.  A block-scaled chunk's values may also come as signed integers of
+    its fixed width below 8 bytes (:func:`~cco.wire.blockscale.chunk_integers`
+    writes them so): they are then the payload's integers as they are, within the
+    width and [-B, B] by their type, so no pass measures or narrows them.  The tag's
+    coefficients are kept in ``coefficients``, for verifying the chunk's aggregate
+    with :func:`open_verified`."""
     checked = header.checked()
     if not 0 <= rank < MAX_WORLD_SIZE:
         raise CcoError(ErrorCode.INVALID_FIELD, f"rank {rank} is out of range")
     if header.kind is Collective.BROADCAST and rank != header.root:
         raise CcoError(ErrorCode.INVALID_FIELD, f"only the root {header.root} seals BROADCAST data")
     values = np.asarray(values)
-    if values.dtype != np.int64 or values.shape != (checked.integer_count,):
+    fixed = header.width is not None and header.width < 8 and values.dtype == np.dtype(f"<i{header.width}")
+    if not (values.dtype == np.int64 or fixed) or values.shape != (checked.integer_count,):
         raise CcoError(
             ErrorCode.INVALID_FIELD,
             f"a chunk is {checked.integer_count} int64 values, got {values.dtype} {values.shape}",
         )
-    lo, hi = extremes(values)
     verifiable = checked.verifiable
-    if verifiable and (error := _range_error(lo, hi, header.width, "a value")) is not None:
-        raise error
-    width = header.width if header.width is not None else minimal_width(lo, hi)
-    packed = narrow(values, width)
+    if fixed:
+        assert header.width is not None
+        width, packed = header.width, values
+    else:
+        lo, hi = extremes(values)
+        if verifiable and (error := _range_error(lo, hi, header.width, "a value")) is not None:
+            raise error
+        width = header.width if header.width is not None else minimal_width(lo, hi)
+        packed = narrow(values, width)
     tag = contribution_tag(keys, checked.chunk_id, rank, packed, coefficients) if verifiable else None
     return _message(cls, checked, bitmap_from_ranks([rank]), width, packed.tobytes(), tag)
 
@@ -551,7 +560,9 @@ def open_verified(
     coefficients: CoefficientCache | None = None,
     header: ChunkHeader | None = None,
 ) -> np.ndarray:
-    """The chunk's int64 element integers once every check passed.
+    """The chunk's element integers once every check passed: a read-only view of the
+    payload, signed integers of its width (no widened copy: whoever needs int64
+    widens as it reads them, as the decoding and scaling back do).
 
     Checks: the contributors are exactly ``expected`` (detail "bitmap"), or with
     ``at_least`` (the presence pass of a quorum ALL_REDUCE) at least that many of
@@ -580,11 +591,16 @@ def open_verified(
         detail = f"bitmap: unexpected ranks {extra}, missing ranks {missing}{quorum}"
         raise CcoError(ErrorCode.VERIFICATION_FAILED, detail)
 
-    values, (lo, hi) = _checked_encoding(message, header.width is not None, checked.integer_count)
     verifiable = checked.verifiable
-    if verifiable and not within_bound(lo, hi):
-        bad = int(np.argmax(np.abs(values.astype(np.int64)) > RANGE_BOUND))
-        raise CcoError(ErrorCode.VERIFICATION_FAILED, f"range: integer {bad} leaves [-B, B]")
+    if header.width is not None and message.width == header.width and header.width < 8:
+        # a block-scaled payload at its fixed width, narrower than 8 bytes: its
+        # encoding is unique and every integer within [-B, B] by its type alone
+        values = _payload(message, checked.integer_count)
+    else:
+        values, (lo, hi) = _checked_encoding(message, header.width is not None, checked.integer_count)
+        if verifiable and not within_bound(lo, hi):
+            bad = int(np.argmax(np.abs(values.astype(np.int64)) > RANGE_BOUND))
+            raise CcoError(ErrorCode.VERIFICATION_FAILED, f"range: integer {bad} leaves [-B, B]")
 
     if verifiable:
         if message.tag is None:
@@ -598,7 +614,7 @@ def open_verified(
         raise CcoError(ErrorCode.INVALID_FIELD, f"{header.op.name} chunks carry no tag")
 
     elements = checked.element_count
-    result = values[:elements].astype(np.int64)
+    result = values[:elements]
     attested = values[elements:]  # empty unless block-scaled
     if len(attested):
         unattested = (attested < 1) | (attested > len(ranks))
