@@ -364,9 +364,14 @@ class Aggregate:
     :func:`combine` returns for the same parts, whatever their order.
 
     The first part is kept as it is (a chunk with one part goes on unchanged); from
-    the second, the integers are added into one int64 array in place, the tags into
-    their sum and the contributors into one bitmap, and :meth:`message` packs them
-    once, when the chunk is complete.  Each part is refused as :func:`combine` would
+    the second, the integers are added into one array in place, the tags into their
+    sum and the contributors into one bitmap, and :meth:`message` packs them once,
+    when the chunk is complete.  That array is int64, except for a block-scaled chunk
+    of a fixed width below 8 bytes while the bound below clears every sum at that
+    width (always, for honest parts: the sum limit makes a whole group's sum fit):
+    then the integers add at the payload's own width, with no widening pass, and
+    the array is the Result's integers as they are, with no narrowing pass either.
+    A part the bound cannot clear widens it to int64 for good.  Each part is refused as :func:`combine` would
     refuse it, and a refused part leaves the aggregate as it was: another chunk, or
     another width of a block-scaled one (OPERATION_MISMATCH), contributors already in
     (DUPLICATE_CONTRIBUTION), a missing or stray tag, a payload that does not fit
@@ -376,7 +381,7 @@ class Aggregate:
     fixed), so it is measured only when the bound alone cannot clear it.
     """
 
-    __slots__ = ("_bits", "_bound", "_facts", "_first", "_header", "_limit", "_tag", "_total")
+    __slots__ = ("_bits", "_bound", "_facts", "_first", "_header", "_limit", "_sums", "_tag", "_total")
 
     def __init__(self, first: ChunkMessage) -> None:
         header = ChunkHeader.of(first)
@@ -395,6 +400,8 @@ class Aggregate:
         self._tag = first.tag
         width = header.width
         self._limit = RANGE_BOUND if width is None else min(RANGE_BOUND, (1 << (8 * width - 1)) - 1)
+        # what the running sum is kept in while the bound clears it
+        self._sums = np.dtype(np.int64 if width is None else f"<i{width}")
 
     @property
     def header(self) -> ChunkHeader:
@@ -407,7 +414,7 @@ class Aggregate:
 
     @property
     def held_bytes(self) -> int:
-        """Memory held for the chunk: the first part's payload, then the int64 sums."""
+        """Memory held for the chunk: the first part's payload, then the running sums."""
         if self._total is not None:
             return int(self._total.nbytes)
         assert self._first is not None
@@ -440,13 +447,15 @@ class Aggregate:
         else:  # SUM and AVG: integers add
             _check_input_range(values)
             bound = self._bound + self._part_bound(values, header.width)
-            if bound <= self._limit and total is None:  # the first part, widened once a second comes
-                total = np.add(total_values, values, dtype=np.int64)
+            if bound <= self._limit and total is None:  # the first part, copied once a second comes
+                total = np.add(total_values, values, dtype=self._sums)
             elif total is not None and bound <= self._limit:
-                np.add(total, values, out=total)
-            else:  # the bound cannot clear it: the combination itself decides
+                np.add(total, values, out=total)  # no sum leaves the bound, so none wraps
+            else:  # the bound cannot clear it: the combination itself decides, in int64
                 if total is None:
                     total = total_values.astype(np.int64)
+                elif total.dtype != np.int64:
+                    total = total.astype(np.int64)  # kept only if the part is taken
                 lo, hi = kernels.accumulate(total, values)
                 if (error := _range_error(lo, hi, header.width, "the combination")) is not None:
                     np.subtract(total, values, out=total)  # exact: both within 2^62
