@@ -114,12 +114,18 @@ def scaled_back(
     n = len(values)
     for b in range(len(factors)):
         factor = factors[b]
-        for j in range(b * block_elements, min(n, (b + 1) * block_elements)):
-            decoded = np.float64(values[j]) * factor
-            if divisor != 1:
-                decoded /= divisor
-            out[j] = decoded
-            finite &= bool(np.isfinite(out[j]))
+        first = b * block_elements
+        stop = min(n, first + block_elements)
+        # a block's slices, walked from 0: the loop numba then vectorizes
+        part, dest = values[first:stop], out[first:stop]
+        if divisor == 1:
+            for j in range(len(part)):
+                dest[j] = np.float64(part[j]) * factor
+        else:
+            for j in range(len(part)):
+                dest[j] = np.float64(part[j]) * factor / divisor
+        for j in range(len(dest)):
+            finite &= bool(np.isfinite(dest[j]))
     return finite
 
 
