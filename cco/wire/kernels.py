@@ -10,14 +10,13 @@ passes, through temporary arrays:
   the chunk's place in the result;
 * an aggregator adding a child's integers into a slot's int64 accumulator
   (:func:`accumulate`: widen, add, and the accumulator's extremes, which the range
-  check and the Result's width need, in one pass instead of three); writing the
-  total out at the Result's width (:func:`narrow_into`) is one numpy pass already.
+  check and the Result's width need, in one pass instead of three), where a bound
+  cannot tell without them that the sum stays in range.
 
-The loops here read each element once.  On the reference machine, for a chunk of 32 Ki
-elements, the inner product takes 16 against 83 us and scaling back 24 against 47 us,
-and an endpoint's steps for a float32 chunk (``benchmarks/probes/bench_endpoint_chunk.py``)
-275 against 453 us.  Quantizing stays with numpy: a compiled loop took 57 against
-37 us, its rounding not vectorized.
+The loops here read each element once; ``benchmarks/probes/bench_endpoint_chunk.py``
+times an endpoint's steps on either path.  Quantizing stays with numpy: a compiled
+loop that rounds, checks the range and writes the integers in one pass was no faster
+than numpy's vectorized passes.
 
 numba is an optional dependency (``pip install 'cco[fast]'``): about 200 MiB installed
 and a quarter of a second to import.  The client library loads it, and both loops,
@@ -225,17 +224,6 @@ def accumulate(total: np.ndarray, part: np.ndarray, *, compiled: bool = False) -
     if len(total) == 0:
         return 0, 0
     return int(total.min()), int(total.max())
-
-
-def narrow_into(total: np.ndarray, out: np.ndarray) -> None:
-    """Write ``total`` (int64) into ``out`` (a signed integer array of the same shape,
-    such as a view of the Result's payload buffer at its width), value by value; every
-    value must fit ``out``'s type (the extremes from :func:`accumulate` chose it).
-    One pass, where ``astype`` then ``tobytes`` makes two copies.  numpy's own
-    ``copyto`` is that pass already: a compiled loop was no faster."""
-    if total.dtype != np.int64 or out.shape != total.shape or out.dtype.kind != "i":
-        raise ValueError(f"narrow_into takes int64 and a signed integer array of one shape, got {out.dtype}")
-    np.copyto(out, total, casting="unsafe")
 
 
 def run(kernel: Callable[..., T], *args: Any) -> T | None:
