@@ -286,7 +286,8 @@ def seal(
     if not (values.dtype == np.int64 or fixed) or values.shape != (checked.integer_count,):
         raise CcoError(
             ErrorCode.INVALID_FIELD,
-            f"a chunk is {checked.integer_count} int64 values, got {values.dtype} {values.shape}",
+            f"a chunk is {checked.integer_count} int64 values (block-scaled: or of its width), "
+            f"got {values.dtype} {values.shape}",
         )
     verifiable = checked.verifiable
     if fixed:
@@ -366,12 +367,7 @@ class Aggregate:
     The first part is kept as it is (a chunk with one part goes on unchanged); from
     the second, the integers are added into one array in place, the tags into their
     sum and the contributors into one bitmap, and :meth:`message` packs them once,
-    when the chunk is complete.  That array is int64, except for a block-scaled chunk
-    of a fixed width below 8 bytes while the bound below clears every sum at that
-    width (always, for honest parts: the sum limit makes a whole group's sum fit):
-    then the integers add at the payload's own width, with no widening pass, and
-    the array is the Result's integers as they are, with no narrowing pass either.
-    A part the bound cannot clear widens it to int64 for good.  Each part is refused as :func:`combine` would
+    when the chunk is complete.  Each part is refused as :func:`combine` would
     refuse it, and a refused part leaves the aggregate as it was: another chunk, or
     another width of a block-scaled one (OPERATION_MISMATCH), contributors already in
     (DUPLICATE_CONTRIBUTION), a missing or stray tag, a payload that does not fit
@@ -379,6 +375,13 @@ class Aggregate:
     the fixed width (OVERFLOW).  The range of the running combination is known from
     a bound on it (the parts' widths, or their measured extremes where the width is
     fixed), so it is measured only when the bound alone cannot clear it.
+
+    The array of sums is int64, except for a block-scaled chunk of a fixed width
+    below 8 bytes while the bound clears every sum at that width (always, for honest
+    parts: the sum limit makes a whole group's sum fit it).  Then the integers add at
+    the payload's own width, with no widening pass, and the array is the message's
+    integers as they are, with no narrowing pass either.  A part the bound cannot
+    clear widens the array to int64 for good.
     """
 
     __slots__ = ("_bits", "_bound", "_facts", "_first", "_header", "_limit", "_sums", "_tag", "_total")
