@@ -120,7 +120,8 @@ class DataOperation(WireOperation):
 
     def chunk_values(self, index: int) -> np.ndarray:
         """This rank's wire integers of chunk ``index``; for a block-scaled chunk,
-        quantized with the agreed scales and followed by this rank's attestations."""
+        quantized with the agreed scales and followed by this rank's attestations,
+        written at the operation's width (the payload's integers as they are)."""
         if self.scaling is not None:
             scaling = self.scaling
             start = index * self.chunk_elements
@@ -135,6 +136,7 @@ class DataOperation(WireOperation):
                 scaling.block_elements,
                 scaling.limit,
                 first=start,
+                width=scaling.width,
             )
         if index == 0 and self.checked_first is not None:
             values, self.checked_first = self.checked_first, None
@@ -171,15 +173,17 @@ class DataOperation(WireOperation):
             return
         super(DataOperation, self).decode(index, values)
 
-    def _decoded(self, index: int, values: np.ndarray) -> np.ndarray:
+    def _decode_into(self, index: int, values: np.ndarray, out: np.ndarray) -> None:
+        """A block-scaled chunk is scaled back straight into the result: no decoded copy."""
         scaling = self.scaling
         if scaling is None:
-            return super(DataOperation, self)._decoded(index, values)
+            super(DataOperation, self)._decode_into(index, values, out)
+            return
         assert scaling.agreed is not None
         scales = scaling.agreed[scaling.blocks(self.chunk_elements, index, values.size)]
         divisor = self.contributors_count if self.op is ReduceOp.AVG else 1
         element = ELEMENT_TYPES[self.dtype]
-        return blockscale.dequantize(values, scales, scaling.block_elements, divisor, element)
+        blockscale.dequantize(values, scales, scaling.block_elements, divisor, element, out=out)
 
     def _result_buffer(self, elements: int) -> np.ndarray:
         """Where verified chunks decode: the caller's ``out`` when it holds the flat

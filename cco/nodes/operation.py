@@ -186,15 +186,17 @@ class WireOperation:
                 return
             self.result = self._result_buffer(elements)
         start = index * self.chunk_elements
+        out = positions(self.result, self.dtype, self.kind)[start : start + values.size]
         try:
-            decoded = self._decoded(index, values)
+            self._decode_into(index, values, out)
         except CcoError as error:
             self.decode_error = CcoError(error.code, f"chunk {index}: {error.detail}")
-            return
-        positions(self.result, self.dtype, self.kind)[start : start + values.size] = decoded
 
-    def _decoded(self, index: int, values: np.ndarray) -> np.ndarray:
-        return decode_positions(values, self.dtype, self.kind, self.op, self.contributors_count)
+    def _decode_into(self, index: int, values: np.ndarray, out: np.ndarray) -> None:
+        """Write chunk ``index``'s decoded ``values`` to ``out``, its positions in the
+        result (which a chunk that fails to decode may leave half written: the
+        operation then fails)."""
+        out[...] = decode_positions(values, self.dtype, self.kind, self.op, self.contributors_count)
 
     @property
     def contributors_count(self) -> int:

@@ -190,9 +190,10 @@ def quantize(
     first: int = 0,
     out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """round_half_even(x * 2^s_b) for every element as int64, written to ``out`` when
-    given (so a chunk's integers need no further copy); OVERFLOW if a value is not
-    finite or leaves [-limit, limit] (an input changed since it was proposed)."""
+    """round_half_even(x * 2^s_b) for every element as int64, or written to ``out``
+    when given (signed integers wide enough for ``limit``: a chunk's integers then
+    need no further copy); OVERFLOW if a value is not finite or leaves [-limit,
+    limit] (an input changed since it was proposed)."""
     values = _own_type(values, element)
     if len(scales) != block_count(len(values), block_elements):
         raise CcoError(ErrorCode.INVALID_FIELD, f"{len(scales)} scales for {len(values)} elements")
@@ -227,12 +228,16 @@ def chunk_integers(
     block_elements: int,
     limit: int,
     first: int = 0,
+    width: int = 8,
 ) -> np.ndarray:
-    """A block-scaled chunk's wire integers as int64: ``values`` quantized with the
-    agreed ``scales``, then this contributor's attestations (its own ``proposals``
-    for the same blocks), written into one array."""
+    """A block-scaled chunk's wire integers: ``values`` quantized with the agreed
+    ``scales``, then this contributor's attestations (its own ``proposals`` for the
+    same blocks), written into one array of signed ``width``-byte integers.  At the
+    chunk's own width that array is already its payload's integers, which
+    :func:`~cco.wire.payload.seal` then neither measures nor narrows again; every
+    value fits it, since ``limit`` is at most the width's largest integer."""
     elements = len(values)
-    chunk = np.empty(elements + len(scales), dtype=np.int64)
+    chunk = np.empty(elements + len(scales), dtype=f"<i{width}")
     quantize(values, element, scales, block_elements, limit, first, out=chunk[:elements])
     chunk[elements:] = attestations(proposals, scales)
     return chunk
@@ -242,50 +247,68 @@ _COMPILED_STORAGE = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _compiled_dequantize(
-    values: np.ndarray, scales: np.ndarray, block_elements: int, divisor: int, element: ElementType
-) -> np.ndarray | None:
+    values: np.ndarray,
+    scales: np.ndarray,
+    block_elements: int,
+    divisor: int,
+    element: ElementType,
+    out: np.ndarray,
+) -> bool:
     """:func:`dequantize` by a compiled loop (:mod:`cco.wire.kernels`): the same
-    binary64 steps and one rounding to the application's type, in one pass and no
-    temporary.  None where the loop does not apply (numba missing or turned off, a
-    chunk of a few elements, a type other than binary32 or binary64, scales whose
-    powers of two are not normal binary64 numbers), where numba failed to compile it,
-    or where a result is not finite (the numpy path then names it)."""
+    binary64 steps and one rounding to the application's type, in one pass that reads
+    the integers at their own width and writes ``out``, with no temporary.  False
+    where the loop does not apply (numba missing or turned off, a chunk of a few
+    elements, a type other than binary32 or binary64, scales whose powers of two are
+    not normal binary64 numbers), where numba failed to compile it, or where a result
+    is not finite (the numpy path then names it)."""
     if (
         len(values) <= kernels.SMALL
         or element.code is DType.BFLOAT16
         or element.storage not in _COMPILED_STORAGE
     ):
-        return None
+        return False
     scales = np.asarray(scales, np.int64)
     if len(scales) and int(np.abs(scales).max()) > _NORMAL_POWERS:
-        return None
+        return False
     scaled_back = kernels.compiled_scaled_back()
     if scaled_back is None:
-        return None
-    result = np.empty(len(values), dtype=element.storage)
-    if not kernels.run(scaled_back, values, np.ldexp(1.0, -scales), block_elements, divisor, result):
-        return None  # not finite, or not compiled
-    return result
+        return False
+    return bool(kernels.run(scaled_back, values, np.ldexp(1.0, -scales), block_elements, divisor, out))
 
 
 def dequantize(
-    values: np.ndarray, scales: np.ndarray, block_elements: int, divisor: int, element: ElementType
+    values: np.ndarray,
+    scales: np.ndarray,
+    block_elements: int,
+    divisor: int,
+    element: ElementType,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """y * 2^-s_b (divided by ``divisor`` for AVG) rounded once to the application's
-    type; OVERFLOW if a result does not fit it."""
-    values = np.asarray(values, dtype=np.int64)
-    compiled = _compiled_dequantize(values, scales, block_elements, divisor, element)
-    if compiled is not None:
-        return compiled
+    type; OVERFLOW if a result does not fit it.  ``values`` are signed integers of any
+    width (a verified payload's, as it holds them: no widened copy is made); the
+    results are written to ``out`` when given (an array of the application's storage
+    type and of their length, such as the chunk's slice of the result, so that they
+    are not copied there afterwards; it holds garbage where OVERFLOW is raised)."""
+    values = np.asarray(values)
+    if values.dtype.kind != "i":
+        values = values.astype(np.int64)
+    if out is None:
+        out = np.empty(len(values), dtype=element.storage)
+    elif out.shape != values.shape or out.dtype != element.storage:
+        wanted = f"{len(values)} {element.storage} values"
+        raise ValueError(f"dequantize writes {wanted}, not {out.dtype}{out.shape}")
+    if _compiled_dequantize(values, scales, block_elements, divisor, element, out):
+        return out
     with np.errstate(over="ignore", under="ignore"):
         decoded = np.empty(len(values), dtype=np.float64)
         _times_power_of_two(values, -np.asarray(scales, np.int64), block_elements, decoded)
         if divisor != 1:
             decoded /= divisor
         if element.code is DType.BFLOAT16:
-            out = round_to_bfloat16(decoded.astype(np.float32))
+            out[...] = round_to_bfloat16(decoded.astype(np.float32))
         else:
-            out = decoded.astype(element.storage)
+            np.copyto(out, decoded, casting="same_kind")
     finite = np.isfinite(out)
     if not finite.all():
         bad = int(np.argmin(finite))

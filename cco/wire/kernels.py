@@ -6,17 +6,17 @@ passes, through temporary arrays:
 * the MAC's inner product (:class:`~cco.wire.modp.InnerProduct`), which numpy
   computes over limbs cut so that 64-bit sums hold them, in about a dozen passes;
 * scaling a verified Result back (:func:`~cco.wire.blockscale.dequantize`): widen,
-  multiply, divide for AVG, round to the application's type;
+  multiply, divide for AVG, round to the application's type, written straight into
+  the chunk's place in the result;
 * an aggregator adding a child's integers into a slot's int64 accumulator
   (:func:`accumulate`: widen, add, and the accumulator's extremes, which the range
-  check and the Result's width need, in one pass instead of three); writing the
-  total out at the Result's width (:func:`narrow_into`) is one numpy pass already.
+  check and the Result's width need, in one pass instead of three), where a bound
+  cannot tell without them that the sum stays in range.
 
-The loops here read each element once.  On the reference machine, for a chunk of 32 Ki
-elements, the inner product takes 16 against 83 us and scaling back 24 against 47 us,
-and an endpoint's steps for a float32 chunk (``benchmarks/probes/bench_endpoint_chunk.py``)
-275 against 453 us.  Quantizing stays with numpy: a compiled loop took 57 against
-37 us, its rounding not vectorized.
+The loops here read each element once; ``benchmarks/probes/bench_endpoint_chunk.py``
+times an endpoint's steps on either path.  Quantizing stays with numpy: a compiled
+loop that rounds, checks the range and writes the integers in one pass was no faster
+than numpy's vectorized passes.
 
 numba is an optional dependency (``pip install 'cco[fast]'``): about 200 MiB installed
 and a quarter of a second to import.  The client library loads it, and both loops,
@@ -106,18 +106,25 @@ def scaled_back(
 ) -> bool:
     """out[j] = values[j] * factors[b] (divided by ``divisor`` unless it is 1), in
     binary64, then rounded once to the type of ``out``: numpy's ``astype``, multiply,
-    divide and ``astype`` again, element by element.  False if some result is not
-    finite in ``out``'s type."""
+    divide and ``astype`` again, element by element.  ``values`` are signed integers
+    of any width, widened one at a time.  False if some result is not finite in
+    ``out``'s type."""
     finite = True
     n = len(values)
     for b in range(len(factors)):
         factor = factors[b]
-        for j in range(b * block_elements, min(n, (b + 1) * block_elements)):
-            decoded = np.float64(values[j]) * factor
-            if divisor != 1:
-                decoded /= divisor
-            out[j] = decoded
-            finite &= bool(np.isfinite(out[j]))
+        first = b * block_elements
+        stop = min(n, first + block_elements)
+        # a block's slices, walked from 0: the loop numba then vectorizes
+        part, dest = values[first:stop], out[first:stop]
+        if divisor == 1:
+            for j in range(len(part)):
+                dest[j] = np.float64(part[j]) * factor
+        else:
+            for j in range(len(part)):
+                dest[j] = np.float64(part[j]) * factor / divisor
+        for j in range(len(dest)):
+            finite &= bool(np.isfinite(dest[j]))
     return finite
 
 
@@ -219,17 +226,6 @@ def accumulate(total: np.ndarray, part: np.ndarray, *, compiled: bool = False) -
     return int(total.min()), int(total.max())
 
 
-def narrow_into(total: np.ndarray, out: np.ndarray) -> None:
-    """Write ``total`` (int64) into ``out`` (a signed integer array of the same shape,
-    such as a view of the Result's payload buffer at its width), value by value; every
-    value must fit ``out``'s type (the extremes from :func:`accumulate` chose it).
-    One pass, where ``astype`` then ``tobytes`` makes two copies.  numpy's own
-    ``copyto`` is that pass already: a compiled loop was no faster."""
-    if total.dtype != np.int64 or out.shape != total.shape or out.dtype.kind != "i":
-        raise ValueError(f"narrow_into takes int64 and a signed integer array of one shape, got {out.dtype}")
-    np.copyto(out, total, casting="unsafe")
-
-
 def run(kernel: Callable[..., T], *args: Any) -> T | None:
     """``kernel(*args)``, or None if numba fails to compile it for these arguments (an
     installation whose numba does not support this numpy, say).  Then the failure is
@@ -277,7 +273,10 @@ def _preload() -> bool:
         values.flags.writeable = False  # a received payload's integers are read-only views
         run(sums, words, values)
     for storage in (np.float32, np.float64):
-        run(back, np.zeros(SMALL + 1, np.int64), np.ones(1), SMALL + 1, 1, np.empty(SMALL + 1, storage))
+        for itemsize in (1, 2, 4, 8):
+            held = np.zeros(SMALL + 1, f"<i{itemsize}")
+            held.flags.writeable = False  # scaled back as the verified payload holds them
+            run(back, held, np.ones(1), SMALL + 1, 1, np.empty(SMALL + 1, storage))
     return _numba() is not None
 
 

@@ -29,6 +29,7 @@ from collections.abc import Iterable
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from cco.wire import kernels
 from cco.wire.modp import BLOCK, SMALL_BLOCK, WORD_MASK, InnerProduct, P, mask_words, prepare, small_sum
 
 KEY_SIZE = 32
@@ -279,13 +280,21 @@ def inner_product(
         return product.result()
     blocks: list[np.ndarray] = []
     encryptor = Cipher(algorithms.AES(coefficient_key(keys, chunk_id)), _CTR_FROM_ZERO).encryptor()
-    buffer = _stream.buffer
+    # kept as words (for the compiled loop), the keystream is written where it is
+    # kept, not into the shared buffer and then copied (:func:`prepare`)
+    as_words = keep is not None and kernels.compiled_sums(values.dtype.itemsize) is not None
+    buffer: bytearray | memoryview = _stream.buffer
     for start in range(0, n, BLOCK):
         block = values[start : start + BLOCK]
         m = len(block)
+        if as_words:  # update_into wants room for one AES block more
+            buffer = np.empty(m + 2, dtype="<u8").data.cast("B")
         encryptor.update_into(memoryview(_ZEROS)[: 8 * m], buffer)
         words = np.frombuffer(buffer, dtype="<u8", count=m)
         if keep is None:
+            product.add(words, block)
+        elif as_words:
+            blocks.append(words)
             product.add(words, block)
         else:
             blocks.append(prepare(words, values.dtype.itemsize))

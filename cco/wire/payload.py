@@ -270,25 +270,35 @@ def seal(
     """Rank ``rank``'s chunk: its int64 ``values`` (for a block-scaled chunk, the
     elements then the attestations) packed at the chunk's width, tagged when the op
     is verifiable.  OVERFLOW if a tagged value leaves [-B, B] or a block-scaled one
-    its width.  The tag's coefficients are kept in ``coefficients``, for verifying
-    the chunk's aggregate with :func:`open_verified`."""
+    its width.  A block-scaled chunk's values may also come as signed integers of
+    its fixed width below 8 bytes (:func:`~cco.wire.blockscale.chunk_integers`
+    writes them so): they are then the payload's integers as they are, within the
+    width and [-B, B] by their type, so no pass measures or narrows them.  The tag's
+    coefficients are kept in ``coefficients``, for verifying the chunk's aggregate
+    with :func:`open_verified`."""
     checked = header.checked()
     if not 0 <= rank < MAX_WORLD_SIZE:
         raise CcoError(ErrorCode.INVALID_FIELD, f"rank {rank} is out of range")
     if header.kind is Collective.BROADCAST and rank != header.root:
         raise CcoError(ErrorCode.INVALID_FIELD, f"only the root {header.root} seals BROADCAST data")
     values = np.asarray(values)
-    if values.dtype != np.int64 or values.shape != (checked.integer_count,):
+    fixed = header.width is not None and header.width < 8 and values.dtype == np.dtype(f"<i{header.width}")
+    if not (values.dtype == np.int64 or fixed) or values.shape != (checked.integer_count,):
         raise CcoError(
             ErrorCode.INVALID_FIELD,
-            f"a chunk is {checked.integer_count} int64 values, got {values.dtype} {values.shape}",
+            f"a chunk is {checked.integer_count} int64 values (block-scaled: or of its width), "
+            f"got {values.dtype} {values.shape}",
         )
-    lo, hi = extremes(values)
     verifiable = checked.verifiable
-    if verifiable and (error := _range_error(lo, hi, header.width, "a value")) is not None:
-        raise error
-    width = header.width if header.width is not None else minimal_width(lo, hi)
-    packed = narrow(values, width)
+    if fixed:
+        assert header.width is not None
+        width, packed = header.width, values
+    else:
+        lo, hi = extremes(values)
+        if verifiable and (error := _range_error(lo, hi, header.width, "a value")) is not None:
+            raise error
+        width = header.width if header.width is not None else minimal_width(lo, hi)
+        packed = narrow(values, width)
     tag = contribution_tag(keys, checked.chunk_id, rank, packed, coefficients) if verifiable else None
     return _message(cls, checked, bitmap_from_ranks([rank]), width, packed.tobytes(), tag)
 
@@ -355,9 +365,9 @@ class Aggregate:
     :func:`combine` returns for the same parts, whatever their order.
 
     The first part is kept as it is (a chunk with one part goes on unchanged); from
-    the second, the integers are added into one int64 array in place, the tags into
-    their sum and the contributors into one bitmap, and :meth:`message` packs them
-    once, when the chunk is complete.  Each part is refused as :func:`combine` would
+    the second, the integers are added into one array in place, the tags into their
+    sum and the contributors into one bitmap, and :meth:`message` packs them once,
+    when the chunk is complete.  Each part is refused as :func:`combine` would
     refuse it, and a refused part leaves the aggregate as it was: another chunk, or
     another width of a block-scaled one (OPERATION_MISMATCH), contributors already in
     (DUPLICATE_CONTRIBUTION), a missing or stray tag, a payload that does not fit
@@ -365,9 +375,16 @@ class Aggregate:
     the fixed width (OVERFLOW).  The range of the running combination is known from
     a bound on it (the parts' widths, or their measured extremes where the width is
     fixed), so it is measured only when the bound alone cannot clear it.
+
+    The array of sums is int64, except for a block-scaled chunk of a fixed width
+    below 8 bytes while the bound clears every sum at that width (always, for honest
+    parts: the sum limit makes a whole group's sum fit it).  Then the integers add at
+    the payload's own width, with no widening pass, and the array is the message's
+    integers as they are, with no narrowing pass either.  A part the bound cannot
+    clear widens the array to int64 for good.
     """
 
-    __slots__ = ("_bits", "_bound", "_facts", "_first", "_header", "_limit", "_tag", "_total")
+    __slots__ = ("_bits", "_bound", "_facts", "_first", "_header", "_limit", "_sums", "_tag", "_total")
 
     def __init__(self, first: ChunkMessage) -> None:
         header = ChunkHeader.of(first)
@@ -386,6 +403,8 @@ class Aggregate:
         self._tag = first.tag
         width = header.width
         self._limit = RANGE_BOUND if width is None else min(RANGE_BOUND, (1 << (8 * width - 1)) - 1)
+        # what the running sum is kept in while the bound clears it
+        self._sums = np.dtype(np.int64 if width is None else f"<i{width}")
 
     @property
     def header(self) -> ChunkHeader:
@@ -398,7 +417,7 @@ class Aggregate:
 
     @property
     def held_bytes(self) -> int:
-        """Memory held for the chunk: the first part's payload, then the int64 sums."""
+        """Memory held for the chunk: the first part's payload, then the running sums."""
         if self._total is not None:
             return int(self._total.nbytes)
         assert self._first is not None
@@ -431,13 +450,15 @@ class Aggregate:
         else:  # SUM and AVG: integers add
             _check_input_range(values)
             bound = self._bound + self._part_bound(values, header.width)
-            if bound <= self._limit and total is None:  # the first part, widened once a second comes
-                total = np.add(total_values, values, dtype=np.int64)
+            if bound <= self._limit and total is None:  # the first part, copied once a second comes
+                total = np.add(total_values, values, dtype=self._sums)
             elif total is not None and bound <= self._limit:
-                np.add(total, values, out=total)
-            else:  # the bound cannot clear it: the combination itself decides
+                np.add(total, values, out=total)  # no sum leaves the bound, so none wraps
+            else:  # the bound cannot clear it: the combination itself decides, in int64
                 if total is None:
                     total = total_values.astype(np.int64)
+                elif total.dtype != np.int64:
+                    total = total.astype(np.int64)  # kept only if the part is taken
                 lo, hi = kernels.accumulate(total, values)
                 if (error := _range_error(lo, hi, header.width, "the combination")) is not None:
                     np.subtract(total, values, out=total)  # exact: both within 2^62
@@ -551,7 +572,9 @@ def open_verified(
     coefficients: CoefficientCache | None = None,
     header: ChunkHeader | None = None,
 ) -> np.ndarray:
-    """The chunk's int64 element integers once every check passed.
+    """The chunk's element integers once every check passed: a read-only view of the
+    payload, signed integers of its width (no widened copy: whoever needs int64
+    widens as it reads them, as the decoding and scaling back do).
 
     Checks: the contributors are exactly ``expected`` (detail "bitmap"), or with
     ``at_least`` (the presence pass of a quorum ALL_REDUCE) at least that many of
@@ -580,11 +603,16 @@ def open_verified(
         detail = f"bitmap: unexpected ranks {extra}, missing ranks {missing}{quorum}"
         raise CcoError(ErrorCode.VERIFICATION_FAILED, detail)
 
-    values, (lo, hi) = _checked_encoding(message, header.width is not None, checked.integer_count)
     verifiable = checked.verifiable
-    if verifiable and not within_bound(lo, hi):
-        bad = int(np.argmax(np.abs(values.astype(np.int64)) > RANGE_BOUND))
-        raise CcoError(ErrorCode.VERIFICATION_FAILED, f"range: integer {bad} leaves [-B, B]")
+    if header.width is not None and message.width == header.width and header.width < 8:
+        # a block-scaled payload at its fixed width, narrower than 8 bytes: its
+        # encoding is unique and every integer within [-B, B] by its type alone
+        values = _payload(message, checked.integer_count)
+    else:
+        values, (lo, hi) = _checked_encoding(message, header.width is not None, checked.integer_count)
+        if verifiable and not within_bound(lo, hi):
+            bad = int(np.argmax(np.abs(values.astype(np.int64)) > RANGE_BOUND))
+            raise CcoError(ErrorCode.VERIFICATION_FAILED, f"range: integer {bad} leaves [-B, B]")
 
     if verifiable:
         if message.tag is None:
@@ -598,7 +626,7 @@ def open_verified(
         raise CcoError(ErrorCode.INVALID_FIELD, f"{header.op.name} chunks carry no tag")
 
     elements = checked.element_count
-    result = values[:elements].astype(np.int64)
+    result = values[:elements]
     attested = values[elements:]  # empty unless block-scaled
     if len(attested):
         unattested = (attested < 1) | (attested > len(ranks))

@@ -1,8 +1,7 @@
 """An aggregator's accumulator: the compiled loop and numpy give the same bits.
 
 :func:`~cco.wire.kernels.accumulate` adds a part of any wire width into an int64
-total in place and returns the total's extremes; :func:`~cco.wire.kernels.narrow_into`
-writes the total out at a narrower width.  Each module test runs on both paths
+total in place and returns the total's extremes.  Each module test runs on both paths
 (``both_kernels``); the loop itself is also checked run as Python, without numba.
 """
 
@@ -10,11 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from cco.wire import kernels
-from cco.wire.packing import RANGE_BOUND, extremes, narrow
+from cco.wire.packing import RANGE_BOUND, extremes
 
 pytestmark = pytest.mark.both_kernels
 
@@ -67,17 +64,6 @@ def test_the_loop_run_as_python_gives_the_same_results() -> None:
     assert (int(low), int(high)) == extremes(expected)
 
 
-@settings(max_examples=50, deadline=None)
-@given(st.lists(st.integers(-RANGE_BOUND, RANGE_BOUND), min_size=1, max_size=80), st.sampled_from(WIDTHS))
-def test_any_total_narrows_to_the_width_that_holds_it(values: list[int], width: int) -> None:
-    total = np.array(values, np.int64)
-    info = np.iinfo(np.dtype(f"<i{width}"))
-    total = np.clip(total, info.min, info.max)
-    out = np.empty(len(total), f"<i{width}")
-    kernels.narrow_into(total, out)
-    assert out.tobytes() == narrow(total, width).tobytes()
-
-
 def test_wrong_types_are_refused() -> None:
     with pytest.raises(ValueError, match="int64"):
         kernels.accumulate(np.zeros(4, np.int32), np.zeros(4, np.int8))
@@ -85,8 +71,6 @@ def test_wrong_types_are_refused() -> None:
         kernels.accumulate(np.zeros(4, np.int64), np.zeros(5, np.int8))
     with pytest.raises(ValueError, match="signed"):
         kernels.accumulate(np.zeros(4, np.int64), np.zeros(4, np.float32))
-    with pytest.raises(ValueError, match="signed"):
-        kernels.narrow_into(np.zeros(4, np.int64), np.zeros(4, np.uint8))
 
 
 def test_a_big_endian_part_takes_the_numpy_path() -> None:

@@ -258,6 +258,34 @@ def test_scaling_back_gives_the_same_floats_or_error_on_either_path(
         assert results[0] == results[1]
 
 
+@pytest.mark.parametrize("choice", ["numpy", "numba"])
+@pytest.mark.parametrize("width", [np.int8, np.int16, np.int32])
+def test_scaling_back_narrow_read_only_integers_into_a_slice_gives_the_same_floats(
+    choice: str, width: type[np.signedinteger], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A verified payload's integers as it holds them (narrow, read-only), scaled back
+    into a slice of a larger result: the bits that widening them to int64 first and
+    copying the decoded chunk there give, on either path; the rest of the result is
+    left alone."""
+    on_path(choice, monkeypatch)
+    element = element_type(DType.FLOAT32)
+    rng = np.random.default_rng(7)
+    info = np.iinfo(width)
+    block, n = 16, 200
+    values = rng.integers(info.min, info.max, size=n, endpoint=True).astype(width)
+    values.flags.writeable = False
+    scales = rng.integers(-20, 40, size=-(-n // block))
+    for divisor in (1, 3):
+        wide = blockscale.dequantize(values.astype(np.int64), scales, block, divisor, element)
+        result = np.full(n + 10, 7.0, dtype=np.float32)
+        into = blockscale.dequantize(values, scales, block, divisor, element, out=result[5 : n + 5])
+        assert np.shares_memory(into, result)
+        assert result[5 : n + 5].tobytes() == wide.tobytes()
+        assert (result[:5] == 7).all() and (result[n + 5 :] == 7).all()
+    with pytest.raises(ValueError, match="dequantize writes"):
+        blockscale.dequantize(values, scales, block, 1, element, out=np.empty(n, np.float64))
+
+
 def test_the_scaling_back_loop_run_as_python_agrees_with_numpy() -> None:
     """The function numba compiles, run as Python on a short chunk: the floats numpy
     gives, for a sum and an average, and False where a result overflows."""

@@ -30,6 +30,7 @@ from cco.wire.blockscale import (
     SCALE_MIN,
     attestations,
     block_count,
+    chunk_integers,
     dequantize,
     propose,
     quantize,
@@ -37,7 +38,7 @@ from cco.wire.blockscale import (
 )
 from cco.wire.dtypes import element_type, from_ordered_keys, ordered_keys, round_to_bfloat16
 from cco.wire.errors import CcoError, ErrorCode
-from cco.wire.messages import Result
+from cco.wire.messages import Contribution, Result, encode_message
 from cco.wire.payload import (
     RANGE_BOUND,
     ChunkHeader,
@@ -501,6 +502,50 @@ def test_attestations_are_one_exactly_where_the_agreed_scale_is_ones_own() -> No
     agreed = np.array([5, -4, 32767, -1], dtype=np.int16)
     got = attestations(own, agreed)
     assert got.dtype == np.int64 and got.tolist() == [1, 0, 1, 0]
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_chunk_quantized_at_its_width_seals_and_opens_as_its_int64_integers(width: int) -> None:
+    """A chunk's integers written at the chunk's width (what an endpoint seals) make the
+    message their int64 form makes; its Result opens to a read-only view of the
+    payload at that width, holding the same integers, and scales back to the same
+    floats."""
+    rng = np.random.default_rng(width)
+    world, n, block = 3, 50, 16
+    element = element_type(DType.FLOAT32)
+    inputs = [random_floats(DType.FLOAT32, n, world, rng) for _ in range(world)]
+    limit = sum_limit(width, world)
+    proposals, agreed = agree(inputs, DType.FLOAT32, block, limit)
+    header = ChunkHeader(
+        group_id=b"\x02" * 16,
+        epoch=1,
+        op_id=3,
+        kind=Collective.ALL_REDUCE,
+        op=ReduceOp.SUM,
+        dtype=DType.FLOAT32,
+        total_elements=n,
+        chunk_elements=n,
+        chunk_index=0,
+        width=width,
+        block_elements=block,
+        scales=agreed.astype("<i2").tobytes(),
+    )
+    parts = []
+    for rank, x in enumerate(inputs):
+        wide = chunk_integers(x, element, agreed, proposals[rank], block, limit)
+        narrow = chunk_integers(x, element, agreed, proposals[rank], block, limit, width=width)
+        assert wide.dtype == np.int64 and narrow.dtype == np.dtype(f"<i{width}")
+        assert narrow.tolist() == wide.tolist()
+        sealed = seal(KEYS, header, rank, narrow)
+        assert encode_message(sealed) == encode_message(seal(KEYS, header, rank, wide, Contribution))
+        parts.append(sealed)
+    result = combine(parts, Result)
+    got = open_verified(KEYS, result, frozenset(range(world)))
+    assert got.dtype == np.dtype(f"<i{width}") and not got.flags.writeable
+    total = np.sum([quantize(x, element, agreed, block, limit) for x in inputs], axis=0)
+    assert got.tolist() == total.tolist()
+    back = dequantize(got, agreed, block, 1, element)
+    assert back.tobytes() == dequantize(total, agreed, block, 1, element).tobytes()
 
 
 # --- decoding ------------------------------------------------------------------------------

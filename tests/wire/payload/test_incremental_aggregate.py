@@ -119,6 +119,32 @@ def test_a_block_scaled_sum_is_checked_against_its_width_part_by_part() -> None:
     assert aggregate.message(Result) == combine(fits, Result)
 
 
+def test_a_block_scaled_sum_adds_at_its_width_until_the_bound_cannot_clear_it() -> None:
+    """Parts the bound clears add at the payload's width (the sums held are one byte
+    each here); one it cannot clear (100 + 100 may not fit a byte) is measured in
+    int64 and taken, since the combination fits; a later part that would not fit is
+    refused and changes nothing.  Every message is combine's."""
+    chunk = header(width=1, elements=3)
+    small = [part(r, [20, -20, 0, 1], chunk) for r in range(2)]
+    aggregate = Aggregate(small[0])
+    aggregate.add(small[1])
+    assert aggregate.held_bytes == 4  # four integers at one byte
+    assert aggregate.message(Result) == combine(small, Result)
+    with pytest.raises(CcoError) as wide:
+        aggregate.add(part(2, [100, -100, 0, 1], chunk))  # 140 and -140 do not fit a byte
+    assert wide.value.code is ErrorCode.OVERFLOW
+    assert aggregate.held_bytes == 4 and aggregate.message(Result) == combine(small, Result)
+    back = part(2, [-100, 100, 0, 1], chunk)
+    aggregate.add(back)  # the bound (140) cannot clear it; the combination (-60, 60) fits
+    assert aggregate.held_bytes == 4 * 8  # widened to int64 for good
+    beyond = part(3, [-100, 0, 0, 1], chunk)
+    with pytest.raises(CcoError) as wide:
+        aggregate.add(beyond)  # -160 does not fit
+    assert wide.value.code is ErrorCode.OVERFLOW
+    aggregate.add(part(4, [1, 2, 3, 1], chunk))
+    assert aggregate.message(Result) == combine([*small, back, part(4, [1, 2, 3, 1], chunk)], Result)
+
+
 def test_the_first_part_is_checked_as_combine_checks_each_part() -> None:
     bad = dataclasses.replace(part(0, [1, 2, 3, 4, 5], header()), tag=None)
     for attempt in (lambda: Aggregate(bad), lambda: check_part(bad)):
