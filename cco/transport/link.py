@@ -64,14 +64,24 @@ from cco.transport.udp import BatchedUdpTransport, SegmentedDatagramProtocol
 from cco.transport.unreachable import CONFIRM_SPAN, UnreachableTracker, peer_key
 from cco.wire.errors import CcoError, DecodeError, ErrorCode
 from cco.wire.framing import encode_frame, frame_prefix
-from cco.wire.messages import Error, Hello, HelloAck, Message, decode_message, encode_message
+from cco.wire.messages import (
+    Error,
+    Hello,
+    HelloAck,
+    Message,
+    decode_message_pieces,
+    encode_message,
+    encode_message_pieces,
+)
 from cco.wire.registries import ALPN, MessageType
 
 logger = logging.getLogger(__name__)
 
 JOIN_BELOW = 16 * 1024
-"""Messages of at most this many bytes are joined to their frame prefix before they
-are queued (one write to QUIC instead of two; see :meth:`LinkProtocol.send_message`)."""
+"""A byte string of at least this many bytes in a message (a chunk's payload) is
+handed to QUIC as a write of its own, not copied into the encoded message; the rest
+of the message, with its frame prefix, goes in as few writes as it allows (see
+:meth:`LinkProtocol.send_message`)."""
 
 _MAX_DETAIL = 1024  # Error.detail limit (cco.wire.messages)
 _MAX_REASON = 256  # bytes of detail copied into CONNECTION_CLOSE
@@ -114,21 +124,22 @@ class _Phase(enum.Enum):
     CLOSED = enum.auto()
 
 
-_last_encoded: tuple[Message, bytes] | None = None
+_last_encoded: tuple[Message, list[bytes]] | None = None
 
 
-def _encoded(message: Message) -> bytes:
-    """``encode_message(message)``, computed once when the same message goes to several
-    peers in a row, as an aggregator's Result goes to every child.  Messages are
-    immutable, and the cache is one (message, encoding) pair compared by identity,
-    so a stale pair can never be taken for another message."""
+def _encoded(message: Message) -> list[bytes]:
+    """``message`` encoded in pieces (:func:`encode_message_pieces`), computed once
+    when the same message goes to several peers in a row, as an aggregator's Result
+    goes to every child.  Messages are immutable, and the cache is one (message,
+    pieces) pair compared by identity, so a stale pair can never be taken for
+    another message."""
     global _last_encoded
     last = _last_encoded
     if last is not None and last[0] is message:
         return last[1]
-    encoded = encode_message(message)
-    _last_encoded = (message, encoded)
-    return encoded
+    pieces = encode_message_pieces(message, JOIN_BELOW)
+    _last_encoded = (message, pieces)
+    return pieces
 
 
 class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
@@ -262,12 +273,13 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
     def send_message(self, message: Message) -> None:
         if self._close_reason is not None:
             raise LinkClosed(*self._close_reason)
-        body = _encoded(message)
-        prefix = frame_prefix(len(body), self._send_limit)
-        # A large message goes as two pieces, so that it is never copied to join its
-        # prefix; a small one as one, since each piece handed to QUIC costs a call
-        # into the stack that is dearer than copying a few KiB.
-        pieces = (prefix, body) if len(body) > JOIN_BELOW else (prefix + body,)
+        encoded = _encoded(message)
+        prefix = frame_prefix(sum(map(len, encoded)), self._send_limit)
+        # A large payload goes as a write of its own, so that it is never copied to
+        # join what precedes it; the small pieces are joined, since each write to
+        # QUIC costs a call into the stack that is dearer than copying a few KiB.
+        first = encoded[0]
+        pieces = (prefix + first, *encoded[1:]) if len(first) < JOIN_BELOW else (prefix, *encoded)
         if isinstance(message, DATA_MESSAGES):
             stream_id = self._outbound.get(message.group_id)
             if stream_id is None:
@@ -462,6 +474,57 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         if termination is not None and self._close_reason is None:
             self._mark_closed(*describe_termination(termination))  # the peer closed
 
+    def _process_events(self) -> None:
+        """Take the events QUIC has ready; consecutive stream data of one stream as one run.
+
+        The stack reports one event per STREAM frame, so one per datagram of a large
+        message.  Handed on one by one, each paid for the whole dispatch (event
+        type tests, stream lookup, bounds, frame timer); a run pays for it once, and
+        the frame decoder sees its pieces in one call.  Every other event goes the
+        way aioquic's protocol takes it, in order.
+        """
+        next_event = self._quic.next_event
+        event = next_event()
+        while event is not None:
+            if type(event) is not events.StreamDataReceived:
+                self._on_quic_event(event)
+                event = next_event()
+                continue
+            stream_id = event.stream_id
+            pieces = [event.data]
+            end_stream = event.end_stream
+            event = next_event()
+            while (
+                not end_stream and type(event) is events.StreamDataReceived and event.stream_id == stream_id
+            ):
+                pieces.append(event.data)
+                end_stream = event.end_stream
+                event = next_event()
+            if self._close_reason is None:
+                self._guarded(self._on_stream_data, stream_id, pieces, end_stream)
+
+    def _on_quic_event(self, event: events.QuicEvent) -> None:
+        """One event other than stream data: aioquic's bookkeeping for it, then ours.
+        (Its waiters for ``wait_connected`` and ``ping`` are left out: a link uses
+        neither.)"""
+        if isinstance(event, events.ConnectionIdIssued):
+            self._connection_id_issued_handler(event.connection_id)
+        elif isinstance(event, events.ConnectionIdRetired):
+            self._connection_id_retired_handler(event.connection_id)
+        elif isinstance(event, events.ConnectionTerminated):
+            self._connection_terminated_handler()
+            self._closed.set()
+        self.quic_event_received(event)
+
+    def _guarded(self, handler: Callable[..., None], *args: object) -> None:
+        """Run ``handler``: a bug of ours must cost this connection, not the event
+        loop's callback (which, on a server, is shared by every connection)."""
+        try:
+            handler(*args)
+        except Exception:
+            logger.exception("internal error on CCO link; closing it")
+            self.fail(ErrorCode.INTERNAL_ERROR, "internal error")
+
     def quic_event_received(self, event: events.QuicEvent) -> None:
         if isinstance(event, events.ConnectionTerminated):
             self._mark_closed(*describe_termination(event))
@@ -472,19 +535,12 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
             for callback in self._on_terminated:
                 callback()
         elif self._close_reason is None:
-            try:
-                self._on_event(event)
-            except Exception:
-                # A bug of ours must cost this connection, not the event loop's callback
-                # (which, on a server, is shared by every connection).
-                logger.exception("internal error on CCO link; closing it")
-                self.fail(ErrorCode.INTERNAL_ERROR, "internal error")
+            self._guarded(self._on_event, event)
 
     def _on_event(self, event: events.QuicEvent) -> None:
+        """An event other than stream data (:meth:`_process_events` takes that)."""
         if isinstance(event, events.HandshakeCompleted):
             self._on_handshake_completed(event)
-        elif isinstance(event, events.StreamDataReceived):
-            self._on_stream_data(event.stream_id, event.data, event.end_stream)
         elif isinstance(event, (events.StreamReset, events.StopSendingReceived)):
             self.fail(ErrorCode.PROTOCOL_VIOLATION, f"stream {event.stream_id} was reset or stopped")
 
@@ -505,10 +561,11 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
                 f"no Hello within {self._config.hello_timeout} s of the TLS handshake",
             )
 
-    def _on_stream_data(self, stream_id: int, data: bytes, end_stream: bool) -> None:
+    def _on_stream_data(self, stream_id: int, pieces: list[bytes], end_stream: bool) -> None:
+        """A run of data received on one stream, in order, ending it if ``end_stream``."""
         try:
             stream = self._inbound.stream(stream_id)
-            frames = self._inbound.feed(stream, data)
+            frames = self._inbound.feed(stream, pieces)
         except CcoError as exc:  # DecodeError too
             detail = f"stream {stream_id}: {exc.detail}" if isinstance(exc, DecodeError) else exc.detail
             self.fail(exc.code, detail)
@@ -540,20 +597,22 @@ class LinkProtocol(QuicConnectionProtocol, SegmentedDatagramProtocol):
         if again is not None:
             self._frame_timer = self._loop.call_later(again - time.monotonic(), self._check_frames)
 
-    def _on_frame(self, stream: InboundStream, frame: bytes) -> bool:
-        """Handle one complete frame; False once the connection has been failed."""
+    def _on_frame(self, stream: InboundStream, frame: list[bytes | memoryview]) -> bool:
+        """Handle one complete frame, given as the pieces it arrived in; False once the
+        connection has been failed."""
+        size = sum(map(len, frame))
         try:
-            message = decode_message(frame)
+            message = decode_message_pieces(frame)
         except DecodeError as exc:
             if self._config.close_on_decode_error or self._phase is not _Phase.OPEN:
                 self.fail(exc.code, exc.detail)
                 return False
-            self._inbox.put(exc, len(frame))
+            self._inbox.put(exc, size)
             return True
         if stream.is_control:
-            self._on_control_message(message, len(frame))
+            self._on_control_message(message, size)
         else:
-            self._on_data_message(stream, message, len(frame))
+            self._on_data_message(stream, message, size)
         return self._close_reason is None
 
     def _on_control_message(self, message: Message, size: int) -> None:

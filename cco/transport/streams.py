@@ -19,7 +19,7 @@ receive state (draft section "QUIC Mapping"):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.framing import FrameDecoder
@@ -120,13 +120,15 @@ class InboundStreams:
             self.streams[stream_id] = stream
         return stream
 
-    def feed(self, stream: InboundStream, data: bytes) -> list[bytes]:
-        """The frames ``data`` completes on ``stream``.  DecodeError for bad framing;
-        RESOURCE_EXHAUSTED once what this connection or the node holds in part passes
-        its bound (counted first, so that :meth:`release` gives it all back)."""
+    def feed(self, stream: InboundStream, pieces: Iterable[bytes]) -> list[list[bytes | memoryview]]:
+        """The frames ``pieces`` (a run of stream data, in order) complete on ``stream``,
+        each as its pieces (:meth:`FrameDecoder.feed_run`).
+        DecodeError for bad framing; RESOURCE_EXHAUSTED once what this connection or the
+        node holds in part passes its bound (counted first, so that :meth:`release`
+        gives it all back)."""
         decoder = stream.decoder
         held = decoder.buffered
-        frames = decoder.feed(data)
+        frames = decoder.feed_run(pieces)
         if held or decoder.buffered:
             self._count(stream, decoder.buffered - held)
         return frames

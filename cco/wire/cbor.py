@@ -20,8 +20,9 @@ latency-bound collective that is under half the strict reader's time.
 
 from __future__ import annotations
 
+import bisect
 import itertools
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -73,6 +74,91 @@ def encode_in_order(value: CborValue) -> bytes:
     return cbor2.dumps(value)
 
 
+def encode_in_order_pieces(value: CborValue, large: int) -> list[bytes]:
+    """:func:`encode_in_order`'s bytes for ``value`` (in the same form), as pieces to
+    be written one after another: every byte string of at least ``large`` bytes is
+    a piece of its own, the very object in ``value``, and the bytes between them are
+    joined into as few pieces as they allow.
+
+    A sender that hands the pieces to its transport one by one never copies a large
+    payload into an encoded message, only to have the transport copy it again.
+    """
+    parts: list[bytes] = []
+    _gather(value, large, parts)
+    pieces: list[bytes] = []
+    small: list[bytes] = []
+    for part in parts:
+        if len(part) < large:
+            small.append(part)
+            continue
+        if small:
+            pieces.append(b"".join(small))
+            small.clear()
+        pieces.append(part)
+    if small:
+        pieces.append(b"".join(small))
+    return pieces
+
+
+def _gather(value: CborValue, large: int, parts: list[bytes]) -> None:
+    """Append the encoding of ``value`` to ``parts``: a large byte string as its head
+    and itself, each run of other items of a container as one encoding by cbor2."""
+    if type(value) is bytes and len(value) >= large:
+        parts += (_item_head(2, len(value)), value)
+    elif type(value) is list:
+        parts.append(_item_head(4, len(value)))
+        run: list[CborValue] = []
+        for item in value:
+            if _holds_large(item, large):
+                _flush_run(run, 4, parts)
+                _gather(item, large, parts)
+            else:
+                run.append(item)
+        _flush_run(run, 4, parts)
+    elif type(value) is dict:
+        parts.append(_item_head(5, len(value)))
+        entries: dict[CborKey, CborValue] = {}
+        for key, item in value.items():
+            if _holds_large(item, large):
+                _flush_run(entries, 5, parts)
+                parts.append(cbor2.dumps(key))
+                _gather(item, large, parts)
+            else:
+                entries[key] = item
+        _flush_run(entries, 5, parts)
+    else:
+        parts.append(cbor2.dumps(value))
+
+
+def _flush_run(run: list[CborValue] | dict[CborKey, CborValue], major: int, parts: list[bytes]) -> None:
+    """Append the encoding of the items (or entries) in ``run``, without the head
+    cbor2 gives their container, and empty ``run``."""
+    if run:
+        parts.append(cbor2.dumps(run)[len(_item_head(major, len(run))) :])
+        run.clear()
+
+
+def _holds_large(value: CborValue, large: int) -> bool:
+    """Whether ``value`` is, or holds, a byte string of at least ``large`` bytes."""
+    if type(value) is bytes:
+        return len(value) >= large
+    if type(value) is list:
+        return any(_holds_large(item, large) for item in value)
+    if type(value) is dict:
+        return any(_holds_large(item, large) for item in value.values())
+    return False
+
+
+def _item_head(major: int, argument: int) -> bytes:
+    """The head of an item of major type ``major`` with ``argument`` (a length), in
+    its shortest form."""
+    if argument < 24:
+        return bytes((major << 5 | argument,))
+    size = 1 if argument < 1 << 8 else 2 if argument < 1 << 16 else 4 if argument < 1 << 32 else 8
+    info = {1: 24, 2: 25, 4: 26, 8: 27}[size]
+    return bytes((major << 5 | info,)) + argument.to_bytes(size, "big")
+
+
 def _key_rank(key: CborKey) -> tuple[int, int, bytes]:
     """Where ``key``'s encoding sorts bytewise, without encoding it.
 
@@ -119,14 +205,36 @@ def decode(data: bytes | bytearray | memoryview, limits: DecodeLimits = DEFAULT_
     return _decode_strictly(data, limits)
 
 
+def decode_pieces(pieces: Sequence[bytes | memoryview], limits: DecodeLimits = DEFAULT_LIMITS) -> CborValue:
+    """:func:`decode` of the concatenation of ``pieces`` (a message as its stream data
+    arrived), without joining them first.
+
+    Joining a large message and then taking its payload out of the joined bytes
+    copied the payload twice; here a byte string that spans pieces is joined once,
+    straight into the bytes returned, and the items around it are read where they
+    lie.  A message small enough for the quick path is joined: that costs little."""
+    if len(pieces) == 1:
+        return decode(pieces[0], limits)
+    source = _Pieces(pieces)
+    if source.total <= _QUICK_MAX_BYTES:
+        return decode(b"".join(pieces), limits)
+    return _read_whole(_Reader(memoryview(b""), limits, source), source.total)
+
+
 def _decode_strictly(data: bytes | bytearray | memoryview, limits: DecodeLimits) -> CborValue:
     """The reader that names every rule an input breaks, byte by byte in Python."""
-    reader = _Reader(memoryview(data).cast("B"), limits)
+    buf = memoryview(data).cast("B")
+    return _read_whole(_Reader(buf, limits), len(buf))
+
+
+def _read_whole(reader: _Reader, total: int) -> CborValue:
+    """The one item of ``total`` bytes ``reader`` is at the start of."""
     value = reader.item(depth=0)
-    if reader.pos != len(reader.buf):
+    end = reader.offset
+    if end != total:
         raise DecodeError(
             ErrorCode.TRAILING_BYTES,
-            f"{len(reader.buf) - reader.pos} bytes follow the top-level item at offset {reader.pos}",
+            f"{total - end} bytes follow the top-level item at offset {end}",
         )
     return value
 
@@ -234,26 +342,96 @@ def _keys_in_order(keys: list[object]) -> bool:
     return all(a < b for a, b in itertools.pairwise(ranks))
 
 
+class _Pieces:
+    """Consecutive buffers read as one, joined only where a reader asks."""
+
+    __slots__ = ("ends", "pieces", "total")
+
+    def __init__(self, pieces: Sequence[bytes | memoryview]) -> None:
+        self.pieces = [piece if type(piece) is bytes else memoryview(piece).cast("B") for piece in pieces]
+        self.ends = list(itertools.accumulate(map(len, self.pieces)))
+        self.total = self.ends[-1] if self.ends else 0
+
+    def join(self, start: int, stop: int) -> bytes:
+        """Bytes ``start`` to ``stop`` (``start < stop <= total``) of the whole, copied
+        once: the pieces between the first and the last are joined as they are."""
+        pieces, ends = self.pieces, self.ends
+        first = bisect.bisect_right(ends, start)  # the piece holding byte start
+        last = bisect.bisect_left(ends, stop)  # the piece holding byte stop - 1
+        head = memoryview(pieces[first])[start - ends[first] + len(pieces[first]) :]
+        if first == last:
+            return head[: stop - start].tobytes()
+        tail = memoryview(pieces[last])[: stop - ends[last] + len(pieces[last])]
+        return b"".join([head, *pieces[first + 1 : last], tail])
+
+
+_WINDOW = 4096
+"""Bytes joined at a time from pieces for the small items a reader reads in place."""
+
+
 class _Reader:
-    """A cursor over one buffer.  Each method consumes what it decodes."""
+    """A cursor over one buffer, or over pieces read through a window of joined bytes.
+    Each method consumes what it decodes; offsets in errors count from the start of
+    the whole input."""
 
-    __slots__ = ("buf", "limits", "pos")
+    __slots__ = ("base", "buf", "limits", "pos", "source")
 
-    def __init__(self, buf: memoryview, limits: DecodeLimits) -> None:
-        self.buf = buf
-        self.pos = 0
+    def __init__(self, buf: memoryview, limits: DecodeLimits, source: _Pieces | None = None) -> None:
+        self.buf = buf  # the whole input, or the window of source read now
+        self.pos = 0  # in buf
+        self.base = 0  # offset of buf in the whole input
         self.limits = limits
+        self.source = source
 
-    def _need(self, n: int, what: str) -> None:
-        if n > len(self.buf) - self.pos:
+    @property
+    def offset(self) -> int:
+        """Where the cursor is in the whole input."""
+        return self.base + self.pos
+
+    def _remaining(self) -> int:
+        """Bytes of the whole input after the cursor."""
+        if self.source is None:
+            return len(self.buf) - self.pos
+        return self.source.total - self.base - self.pos
+
+    def _check(self, n: int, what: str) -> None:
+        """Refuse a claim of ``n`` more bytes that the input does not hold."""
+        if n > self._remaining():
             raise DecodeError(
                 ErrorCode.MALFORMED_CBOR,
-                f"{what} at offset {self.pos} needs {n} bytes, {len(self.buf) - self.pos} remain",
+                f"{what} at offset {self.offset} needs {n} bytes, {self._remaining()} remain",
             )
+
+    def _need(self, n: int, what: str) -> None:
+        """Make the next ``n`` bytes readable in ``buf`` at ``pos``, or refuse them."""
+        if n <= len(self.buf) - self.pos:
+            return
+        self._check(n, what)
+        assert self.source is not None  # a whole buffer holds all it has
+        start = self.offset
+        self.buf = memoryview(self.source.join(start, min(self.source.total, start + max(n, _WINDOW))))
+        self.base = start
+        self.pos = 0
+
+    def _string(self, length: int) -> memoryview | bytes:
+        """The next ``length`` bytes, consumed: a view of ``buf`` where it holds them,
+        else joined from the pieces into bytes (once)."""
+        if length <= len(self.buf) - self.pos or self.source is None:
+            self._need(length, "string body")
+            raw = self.buf[self.pos : self.pos + length]
+            self.pos += length
+            return raw
+        self._check(length, "string body")
+        start = self.offset
+        joined = self.source.join(start, start + length)
+        self.buf = memoryview(b"")
+        self.base = start + length
+        self.pos = 0
+        return joined
 
     def _head(self) -> tuple[int, int, int]:
         """Read an initial byte and its argument; return (major, info, argument)."""
-        start = self.pos
+        start = self.offset
         self._need(1, "item head")
         initial = self.buf[self.pos]
         self.pos += 1
@@ -282,7 +460,7 @@ class _Reader:
     def item(self, depth: int) -> CborValue:
         if depth > self.limits.max_depth:
             raise DecodeError(ErrorCode.MESSAGE_TOO_LARGE, f"nesting deeper than {self.limits.max_depth}")
-        start = self.pos
+        start = self.offset
         major, info, arg = self._head()
         if major == 0:
             return arg
@@ -294,11 +472,9 @@ class _Reader:
                     ErrorCode.MESSAGE_TOO_LARGE,
                     f"string of {arg} bytes at offset {start} exceeds limit",
                 )
-            self._need(arg, "string body")
-            raw = self.buf[self.pos : self.pos + arg]
-            self.pos += arg
+            raw = self._string(arg)
             if major == 2:
-                return raw.tobytes()
+                return raw if type(raw) is bytes else bytes(raw)
             try:
                 return str(raw, "utf-8")
             except UnicodeDecodeError as exc:
@@ -311,7 +487,7 @@ class _Reader:
                 )
             # Every item takes at least one byte: refuse claims the buffer cannot hold
             # before building anything.
-            self._need(arg * (2 if major == 5 else 1), "container items")
+            self._check(arg * (2 if major == 5 else 1), "container items")
             if major == 4:
                 return [self.item(depth + 1) for _ in range(arg)]
             return self._map(arg, depth, start)
@@ -332,11 +508,10 @@ class _Reader:
 
     def _map(self, count: int, depth: int, start: int) -> dict[CborKey, CborValue]:
         result: dict[CborKey, CborValue] = {}
-        previous: bytes | None = None
+        previous: tuple[int, int, bytes] | None = None
         for _ in range(count):
-            key_start = self.pos
+            key_start = self.offset
             key = self.item(depth + 1)
-            key_bytes = self.buf[key_start : self.pos].tobytes()
             if isinstance(key, bool) or not isinstance(key, (int, str)):
                 raise DecodeError(
                     ErrorCode.MALFORMED_CBOR, f"map key at offset {key_start} is not int or text"
@@ -345,11 +520,13 @@ class _Reader:
                 raise DecodeError(
                     ErrorCode.DUPLICATE_MAP_KEY, f"map key {key!r} repeated at offset {key_start}"
                 )
-            if previous is not None and key_bytes < previous:
+            # The key was read in its shortest form, so its rank sorts as its bytes do.
+            rank = _key_rank(key)
+            if previous is not None and rank < previous:
                 raise DecodeError(
                     ErrorCode.NON_DETERMINISTIC_ENCODING,
                     f"map key {key!r} at offset {key_start} is out of bytewise order",
                 )
-            previous = key_bytes
+            previous = rank
             result[key] = self.item(depth + 1)
         return result

@@ -12,6 +12,8 @@ more than ``max_message_size`` plus one prefix, whatever length it claims.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from cco.wire.errors import DecodeError, EncodeError, ErrorCode
 
 DEFAULT_MAX_MESSAGE_SIZE = 16 * 1024 * 1024
@@ -73,11 +75,20 @@ def encode_frame(message: bytes, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZ
 class FrameDecoder:
     """Reassembles frames from stream data received in arbitrary pieces.
 
-    A frame's body is kept as the list of pieces it arrived in and joined once,
-    when complete: growing one buffer piece by piece costs a reallocation and copy
-    of everything buffered so far at each step, which for a 1 MiB frame in 16 KB
-    pieces was about 15 times the cost of the single join.
+    A frame's body is kept as the list of pieces it arrived in: growing one buffer
+    piece by piece costs a reallocation and copy of everything buffered so far at
+    each step, which for a 1 MiB frame in 16 KB pieces was about 15 times the cost
+    of a single join, and a receiver that decodes the pieces where they lie
+    (:meth:`feed_run`) copies a large payload once, into the bytes it keeps, instead
+    of joining the frame and then copying the payload out of it.
+
+    A receiver takes stream data in runs of pieces (one per QUIC STREAM frame, so
+    one per datagram): a piece that only extends the body of the pending frame is
+    appended without parsing anything, since most pieces of a large message are
+    such pieces (``benchmarks/probes/bench_wire_path.py`` measures the receive path).
     """
+
+    __slots__ = ("_head", "_parts", "_pending_length", "_received", "max_message_size")
 
     def __init__(self, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> None:
         self.max_message_size = max_message_size
@@ -93,15 +104,34 @@ class FrameDecoder:
 
     def feed(self, data: bytes) -> list[bytes]:
         """Add received bytes; return every frame body now complete, in order."""
-        frames: list[bytes] = []
-        view = memoryview(data)
+        return [b"".join(frame) for frame in self.feed_run((data,))]
+
+    def feed_run(self, pieces: Iterable[bytes]) -> list[list[bytes | memoryview]]:
+        """Add received pieces, in order; return every frame body now complete, each
+        as the pieces it arrived in (:func:`cco.wire.cbor.decode_pieces` reads them
+        without joining them first).
+
+        The pieces are read-only views of the data given, or that data itself: a
+        frame keeps alive at most the pieces it came in, and only as long as the
+        caller keeps it (a decoder copies what it keeps out of it)."""
+        frames: list[list[bytes | memoryview]] = []
+        for data in pieces:
+            pending = self._pending_length
+            if pending is not None and len(data) < pending - self._received:
+                self._parts.append(data)  # inside the body: nothing to parse
+                self._received += len(data)
+            else:
+                self._feed(memoryview(data), frames)
+        return frames
+
+    def _feed(self, view: memoryview, frames: list[list[bytes | memoryview]]) -> None:
         while True:
             if self._pending_length is None:
                 head = self._head + bytes(view[:8])
                 parsed = decode_varint(head)
                 if parsed is None:
                     self._head = head  # all of view: a prefix is at most 8 bytes
-                    return frames
+                    return
                 length, used = parsed
                 if length > self.max_message_size:
                     raise DecodeError(
@@ -115,13 +145,15 @@ class FrameDecoder:
             if take:
                 self._parts.append(view[:take])
                 self._received += take
-                view = view[take:]
             if self._received < self._pending_length:
-                return frames
-            frames.append(b"".join(self._parts))
-            self._parts.clear()
+                return
+            frames.append(self._parts)
+            self._parts = []
+            view = view[take:]
             self._received = 0
             self._pending_length = None
+            if not view:
+                return
 
     def at_boundary(self) -> bool:
         """True when no partial frame is buffered (a clean place for a stream to end)."""

@@ -9,6 +9,7 @@ the same shapes appear in ``spec/cco.cddl``).  :func:`encode_message` and
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -732,11 +733,34 @@ def encode_message(message: Message) -> bytes:
     return cbor.encode_in_order([int(message.TYPE), message.to_map()])
 
 
+def encode_message_pieces(message: Message, large: int) -> list[bytes]:
+    """:func:`encode_message`'s bytes as consecutive pieces: a chunk's payload of at
+    least ``large`` bytes is a piece of its own, not copied, as is any other byte
+    string of that size in such a chunk (:func:`cbor.encode_in_order_pieces`); any
+    other message is one piece, encoded as :func:`encode_message` does (walking a
+    small message for large strings cost more than encoding it whole)."""
+    if isinstance(message, ChunkMessage) and len(message.payload) >= large:
+        return cbor.encode_in_order_pieces([int(message.TYPE), message.to_map()], large)
+    return [encode_message(message)]
+
+
 def decode_message(
     data: bytes | bytearray | memoryview, limits: cbor.DecodeLimits = cbor.DEFAULT_LIMITS
 ) -> Message:
     """Decode one message; every failure is a :class:`DecodeError` with its code."""
-    raw = cbor.decode(data, limits)
+    return _message(cbor.decode(data, limits))
+
+
+def decode_message_pieces(
+    pieces: Sequence[bytes | memoryview], limits: cbor.DecodeLimits = cbor.DEFAULT_LIMITS
+) -> Message:
+    """:func:`decode_message` of the concatenation of ``pieces`` (a frame as it arrived),
+    its payload joined straight out of them (:func:`cbor.decode_pieces`)."""
+    return _message(cbor.decode_pieces(pieces, limits))
+
+
+def _message(raw: cbor.CborValue) -> Message:
+    """The message a decoded ``[type, body]`` is; DecodeError if it is none."""
     if not isinstance(raw, list) or len(raw) != 2:
         raise DecodeError(ErrorCode.INVALID_FIELD, "a message is a two-element array [type, body]")
     type_code, body = raw

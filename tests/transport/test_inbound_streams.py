@@ -46,7 +46,7 @@ def test_frames_split_anywhere_come_out_whole_and_nothing_stays_counted() -> Non
     stream = inbound.stream(DATA_STREAM)
     out: list[bytes] = []
     for start in range(0, len(wire), 37):
-        out += inbound.feed(stream, wire[start : start + 37])
+        out += [b"".join(frame) for frame in inbound.feed(stream, [wire[start : start + 37]])]
         assert inbound.unfinished == stream.decoder.buffered == node.bytes
     assert [encode_frame(body) for body in out] == frames
     assert inbound.unfinished == node.bytes == 0
@@ -66,9 +66,9 @@ def test_a_connection_holding_more_than_its_bound_in_part_is_refused() -> None:
     node = UnfinishedFrames(1 << 20)
     inbound = streams(node, per_connection=2048)
     prefixes = [encode_frame(b"x" * 2000)[:1500] for _ in range(2)]
-    inbound.feed(inbound.stream(DATA_STREAM), prefixes[0])
+    inbound.feed(inbound.stream(DATA_STREAM), [prefixes[0]])
     with pytest.raises(CcoError) as refused:
-        inbound.feed(inbound.stream(DATA_STREAM + 4), prefixes[1])
+        inbound.feed(inbound.stream(DATA_STREAM + 4), [prefixes[1]])
     assert refused.value.code is ErrorCode.RESOURCE_EXHAUSTED
     assert "unfinished_bytes_per_connection (2048)" in refused.value.detail
     inbound.release()
@@ -79,17 +79,17 @@ def test_the_bound_per_connection_never_refuses_one_whole_frame() -> None:
     inbound = streams(per_connection=100)  # under max_message_size: raised to it
     body = b"y" * 2000
     stream = inbound.stream(DATA_STREAM)
-    assert inbound.feed(stream, encode_frame(body)[:-1]) == []
-    assert inbound.feed(stream, encode_frame(body)[-1:]) == [body]
+    assert inbound.feed(stream, [encode_frame(body)[:-1]]) == []
+    assert [b"".join(frame) for frame in inbound.feed(stream, [encode_frame(body)[-1:]])] == [body]
 
 
 def test_the_node_bound_counts_every_connection_together() -> None:
     node = UnfinishedFrames(3000)
     first, second = streams(node), streams(node)
     part = encode_frame(b"z" * 2000)[:1600]
-    first.feed(first.stream(DATA_STREAM), part)
+    first.feed(first.stream(DATA_STREAM), [part])
     with pytest.raises(CcoError) as refused:
-        second.feed(second.stream(DATA_STREAM), part)
+        second.feed(second.stream(DATA_STREAM), [part])
     assert refused.value.code is ErrorCode.RESOURCE_EXHAUSTED
     assert "unfinished_bytes (3000)" in refused.value.detail
     second.release()
@@ -103,11 +103,11 @@ def test_a_frame_without_progress_times_out_and_progress_moves_the_deadline() ->
     frame = encode_frame(b"w" * 1000)
     stream = inbound.stream(DATA_STREAM)
     clock.now = 5.0
-    inbound.feed(stream, frame[:10])
+    inbound.feed(stream, [frame[:10]])
     clock.now = 6.0
     assert inbound.next_check() == 35.0
     clock.now = 20.0
-    inbound.feed(stream, frame[10:20])
+    inbound.feed(stream, [frame[10:20]])
     clock.now = 34.0
     assert inbound.next_check() == 50.0
     clock.now = 50.0
@@ -120,7 +120,7 @@ def test_bad_framing_is_a_decode_error_and_counts_nothing() -> None:
     node = UnfinishedFrames(1 << 20)
     inbound = streams(node)
     with pytest.raises(DecodeError):
-        inbound.feed(inbound.stream(DATA_STREAM), encode_frame(b"v" * 3000))  # over 2048
+        inbound.feed(inbound.stream(DATA_STREAM), [encode_frame(b"v" * 3000)])  # over 2048
     assert node.bytes == inbound.unfinished == 0
 
 

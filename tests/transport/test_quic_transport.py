@@ -46,6 +46,7 @@ from cco.wire.messages import (
     Hello,
     Message,
     encode_message,
+    encode_message_pieces,
 )
 from cco.wire.registries import ALPN, PROTOCOL_VERSION_2, Collective, DType, ReduceOp, Role
 
@@ -415,37 +416,45 @@ def test_large_and_many_small_messages_round_trip(pki: Path) -> None:
     run(test)
 
 
-def test_a_small_message_is_one_write_to_quic_and_a_large_one_two(
+def test_a_small_message_is_one_write_to_quic_and_a_large_payload_a_write_of_its_own(
     pki: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each piece queued costs a call into the QUIC stack, so a message of at most
-    JOIN_BELOW bytes goes joined to its frame prefix; a larger one goes as prefix and
-    body, never copied to join them.  Both arrive whole."""
+    JOIN_BELOW bytes goes joined to its frame prefix; a payload of JOIN_BELOW bytes or
+    more goes as a write of its own, the message's own bytes object (never copied
+    into an encoded message), between the prefix with the fields before it and the
+    fields after it.  Both arrive whole."""
 
     async def test() -> None:
         async with server(pki) as (srv, accepted):
             link = await dial(srv, pki)
             peer = await accepted.get()
             quic = protocol(link)._quic
-            writes: list[int] = []
+            writes: list[bytes] = []
             write = quic.send_stream_data
 
             def counted(stream_id: int, data: bytes, end_stream: bool = False) -> None:
-                writes.append(len(data))
+                writes.append(data)
                 write(stream_id, data, end_stream)
 
             monkeypatch.setattr(quic, "send_stream_data", counted)
-            for elements in (2, JOIN_BELOW // 4 - 64, JOIN_BELOW // 4 + 1):
-                message = chunk(GROUP_A, 0, elements=elements, chunks=1)
-                body = encode_message(message)
-                frame = len(encode_frame(body))
+            for elements, tag in (
+                (2, None),
+                (JOIN_BELOW // 4 - 64, None),
+                (JOIN_BELOW // 4, None),
+                (JOIN_BELOW // 4, 7),
+            ):
+                message = replace(chunk(GROUP_A, 0, elements=elements, chunks=1), tag=tag)
+                frame = encode_frame(encode_message(message))
                 writes.clear()
                 link.send(message)
                 assert await peer.receive() == message
-                if len(body) <= JOIN_BELOW:
-                    assert writes == [frame]
+                assert b"".join(writes) == frame
+                if len(message.payload) < JOIN_BELOW:
+                    assert len(writes) == 1
                 else:
-                    assert writes == [frame - len(body), len(body)]
+                    assert writes[1] is message.payload
+                    assert len(writes) == (2 if tag is None else 3)  # the tag follows the payload
 
     run(test)
 
@@ -999,11 +1008,11 @@ def test_a_message_sent_to_several_peers_in_a_row_is_encoded_once(
 
     encodings: list[Message] = []
 
-    def counting(message: Message) -> bytes:
+    def counting(message: Message, large: int) -> list[bytes]:
         encodings.append(message)
-        return encode_message(message)
+        return encode_message_pieces(message, large)
 
-    monkeypatch.setattr(link_module, "encode_message", counting)
+    monkeypatch.setattr(link_module, "encode_message_pieces", counting)
 
     async def test() -> None:
         async with server(pki) as (srv, accepted):
@@ -1018,6 +1027,40 @@ def test_a_message_sent_to_several_peers_in_a_row_is_encoded_once(
             for client in clients:
                 assert [await client.receive(), await client.receive()] == [result, other]
             assert encodings == [result, other]
+
+    run(test)
+
+
+def test_qh3_takes_what_arrives_after_the_handshake_straight_to_its_core(
+    pki: Path, quic_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without qlog, no datagram received after the handshake goes through qh3's own
+    receive methods, whose walk over a run's datagrams sliced (copied) each one to
+    log it; the messages still arrive whole both ways."""
+    if quic_backend != "qh3":
+        pytest.skip("only the qh3 backend has that walk")
+
+    async def test() -> None:
+        async with server(pki) as (srv, accepted):
+            link = await dial(srv, pki)
+            peer = await accepted.get()
+            walked: list[str] = []
+            for end in (link, peer):
+                native = protocol(end)._cco._native  # type: ignore[attr-defined]
+                for name in ("receive_datagram", "receive_many_datagrams", "receive_gro_buffer"):
+                    method = getattr(native, name)
+
+                    def counted(*args: Any, name: str = name, method: Any = method) -> None:
+                        walked.append(name)
+                        method(*args)
+
+                    monkeypatch.setattr(native, name, counted)
+            message = chunk(GROUP_A, 0, elements=1 << 15, chunks=1)
+            link.send(message)
+            assert await peer.receive() == message
+            peer.send(message)
+            assert await link.receive() == message
+            assert walked == []
 
     run(test)
 
