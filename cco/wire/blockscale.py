@@ -208,7 +208,8 @@ def quantize(
     # Python float in binary32, where a bound such as 2^29 - 1 rounds up to 2^29
     if len(scaled) and not (float(np.max(scaled)) <= bound and float(np.min(scaled)) >= -bound):  # NaN fails
         _check_finite(values, first)
-        bad = int(np.argmax(~(np.abs(scaled) <= bound)))
+        # in binary64 too: binary32 rounds such a bound up to the next power of two
+        bad = int(np.argmax(~(np.abs(scaled).astype(np.float64) <= bound)))
         raise CcoError(
             ErrorCode.OVERFLOW,
             f"element {first + bad} ({float(values[bad])!r}) does not fit the sum limit {limit} "

@@ -398,6 +398,15 @@ def test_binary32_inputs_at_binary32_scales_quantize_in_binary32_to_the_same_int
     assert got.tolist() == expected
 
 
+def test_an_overflow_names_the_first_element_past_a_limit_binary32_cannot_hold() -> None:
+    """2^-52 at scale 112 is 2^60, one past the limit 2^60 - 1; binary32 rounds that
+    limit up to 2^60, so a binary32 comparison let it pass and named the next element."""
+    x = np.array([2.0**-52, 1.0], dtype=np.float32)
+    with pytest.raises(CcoError, match="element 0 ") as caught:
+        quantize(x, element_type(DType.FLOAT32), np.array([112], dtype=np.int16), 2, 2**60 - 1)
+    assert caught.value.code is ErrorCode.OVERFLOW
+
+
 def test_binary32_scaling_is_kept_for_the_cases_it_is_exact_in() -> None:
     x = np.array([1.5, -2.5, 2.0**-149, -(2.0**-149), 3.0e38], dtype=np.float32)
     inside, outside = np.array([126, -126]), np.array([0, 127])
