@@ -37,6 +37,7 @@ import timeit
 from collections.abc import Callable
 from pathlib import Path
 
+from cco.transport.link import JOIN_BELOW
 from cco.wire.framing import FrameDecoder, encode_frame, frame_prefix
 from cco.wire.messages import (
     Contribution,
@@ -49,7 +50,6 @@ from cco.wire.registries import Collective, DType, ReduceOp
 
 RESULTS = Path(__file__).resolve().parent / "results" / "wire_path.json"
 ELEMENTS = 131072
-LARGE = 16 * 1024  # cco.transport.link.JOIN_BELOW
 
 
 def chunk() -> Contribution:
@@ -84,7 +84,7 @@ def operations(piece: int) -> dict[str, Callable[[], object]]:
         return frame_prefix(len(encoded)) + encoded
 
     def encode_pieces() -> object:
-        encoded = encode_message_pieces(message, LARGE)
+        encoded = encode_message_pieces(message, JOIN_BELOW)
         return frame_prefix(sum(map(len, encoded))) + encoded[0], *encoded[1:]
 
     def reassemble_by_piece() -> object:

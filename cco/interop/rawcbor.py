@@ -16,6 +16,8 @@ import struct
 from dataclasses import dataclass
 from typing import TypeAlias
 
+from cco.wire.cbor import item_head
+
 
 @dataclass(frozen=True)
 class NonShortest:
@@ -78,23 +80,13 @@ def float64(value: float) -> Verbatim:
     return Verbatim(b"\xfb" + struct.pack(">d", value))
 
 
-def head(major: int, argument: int, size: int | None = None) -> bytes:
-    """An item head; ``size`` forces the argument width, None picks the shortest."""
-    if size is None:
-        if argument < 24:
-            return bytes([major << 5 | argument])
-        size = 1 if argument < 1 << 8 else 2 if argument < 1 << 16 else 4 if argument < 1 << 32 else 8
-    info = {1: 24, 2: 25, 4: 26, 8: 27}[size]
-    return bytes([major << 5 | info]) + argument.to_bytes(size, "big")
-
-
 def encode_raw(value: RawValue) -> bytes:
     """Encode ``value``: deterministic for plain values, as marked for the markers."""
     return _encode(value, None)
 
 
 def _int_head(value: int, size: int | None) -> bytes:
-    return head(0, value, size) if value >= 0 else head(1, -1 - value, size)
+    return item_head(0, value, size) if value >= 0 else item_head(1, -1 - value, size)
 
 
 def _encode(value: RawValue, size: int | None) -> bytes:
@@ -105,7 +97,7 @@ def _encode(value: RawValue, size: int | None) -> bytes:
     if isinstance(value, Verbatim):
         return value.data
     if isinstance(value, Tagged):
-        return head(6, value.tag) + _encode(value.value, None)
+        return item_head(6, value.tag) + _encode(value.value, None)
     if isinstance(value, Indefinite):
         return _indefinite(value.value)
     if value is False:
@@ -117,19 +109,19 @@ def _encode(value: RawValue, size: int | None) -> bytes:
     if isinstance(value, int):
         return _int_head(value, size)
     if isinstance(value, bytes):
-        return head(2, len(value), size) + value
+        return item_head(2, len(value), size) + value
     if isinstance(value, str):
         data = value.encode("utf-8")
-        return head(3, len(data), size) + data
+        return item_head(3, len(data), size) + data
     if isinstance(value, list):
-        return head(4, len(value), size) + b"".join(_encode(item, None) for item in value)
+        return item_head(4, len(value), size) + b"".join(_encode(item, None) for item in value)
     if isinstance(value, Pairs):
-        return head(5, len(value.entries), size) + b"".join(
+        return item_head(5, len(value.entries), size) + b"".join(
             _encode(k, None) + _encode(v, None) for k, v in value.entries
         )
     # A plain dict: entries in the bytewise order of their encoded keys (RFC 8949 4.2.1).
     encoded = sorted((_encode(k, None), _encode(v, None)) for k, v in value.items())
-    return head(5, len(encoded), size) + b"".join(k + v for k, v in encoded)
+    return item_head(5, len(encoded), size) + b"".join(k + v for k, v in encoded)
 
 
 def _indefinite(value: RawValue) -> bytes:

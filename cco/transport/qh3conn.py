@@ -401,7 +401,8 @@ class Qh3Connection:
         qh3's ``receive_datagram`` splits every datagram into its packets in Python
         (for key installation during the handshake) and logs each packet; its core
         takes the datagram whole, which qh3 itself does only after the handshake.
-        qlog then records datagrams, not packets.
+        With qlog on, every datagram takes qh3's own path, which logs its packets
+        (:meth:`_Native.ready_for_runs`).
         """
         if self._native.ready_for_runs():
             self._native.receive_run(data, None, addr, now)

@@ -104,9 +104,9 @@ def _gather(value: CborValue, large: int, parts: list[bytes]) -> None:
     """Append the encoding of ``value`` to ``parts``: a large byte string as its head
     and itself, each run of other items of a container as one encoding by cbor2."""
     if type(value) is bytes and len(value) >= large:
-        parts += (_item_head(2, len(value)), value)
+        parts += (item_head(2, len(value)), value)
     elif type(value) is list:
-        parts.append(_item_head(4, len(value)))
+        parts.append(item_head(4, len(value)))
         run: list[CborValue] = []
         for item in value:
             if _holds_large(item, large):
@@ -116,7 +116,7 @@ def _gather(value: CborValue, large: int, parts: list[bytes]) -> None:
                 run.append(item)
         _flush_run(run, 4, parts)
     elif type(value) is dict:
-        parts.append(_item_head(5, len(value)))
+        parts.append(item_head(5, len(value)))
         entries: dict[CborKey, CborValue] = {}
         for key, item in value.items():
             if _holds_large(item, large):
@@ -134,7 +134,7 @@ def _flush_run(run: list[CborValue] | dict[CborKey, CborValue], major: int, part
     """Append the encoding of the items (or entries) in ``run``, without the head
     cbor2 gives their container, and empty ``run``."""
     if run:
-        parts.append(cbor2.dumps(run)[len(_item_head(major, len(run))) :])
+        parts.append(cbor2.dumps(run)[len(item_head(major, len(run))) :])
         run.clear()
 
 
@@ -149,12 +149,14 @@ def _holds_large(value: CborValue, large: int) -> bool:
     return False
 
 
-def _item_head(major: int, argument: int) -> bytes:
-    """The head of an item of major type ``major`` with ``argument`` (a length), in
-    its shortest form."""
-    if argument < 24:
-        return bytes((major << 5 | argument,))
-    size = 1 if argument < 1 << 8 else 2 if argument < 1 << 16 else 4 if argument < 1 << 32 else 8
+def item_head(major: int, argument: int, size: int | None = None) -> bytes:
+    """The head of an item of major type ``major`` with ``argument`` (a value or a
+    length); ``size`` forces the argument's width in bytes (1, 2, 4 or 8, as the
+    interop vectors' non-shortest forms need), None gives the shortest form."""
+    if size is None:
+        if argument < 24:
+            return bytes((major << 5 | argument,))
+        size = 1 if argument < 1 << 8 else 2 if argument < 1 << 16 else 4 if argument < 1 << 32 else 8
     info = {1: 24, 2: 25, 4: 26, 8: 27}[size]
     return bytes((major << 5 | info,)) + argument.to_bytes(size, "big")
 

@@ -525,16 +525,9 @@ def test_a_chunk_quantized_at_its_width_seals_and_opens_as_its_int64_integers(wi
     inputs = [random_floats(DType.FLOAT32, n, world, rng) for _ in range(world)]
     limit = sum_limit(width, world)
     proposals, agreed = agree(inputs, DType.FLOAT32, block, limit)
-    header = ChunkHeader(
-        group_id=b"\x02" * 16,
-        epoch=1,
-        op_id=3,
-        kind=Collective.ALL_REDUCE,
-        op=ReduceOp.SUM,
-        dtype=DType.FLOAT32,
+    header = scaled_header(
         total_elements=n,
         chunk_elements=n,
-        chunk_index=0,
         width=width,
         block_elements=block,
         scales=agreed.astype("<i2").tobytes(),
