@@ -314,6 +314,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-rate", type=int, default=200, help="py-spy samples per second")
     parser.add_argument("--quic-backend", default=None)
     parser.add_argument("--chunk-elements", type=int, default=None)
+    parser.add_argument(
+        "--scaled-chunk-elements",
+        type=int,
+        default=None,
+        help="the largest chunk a float sum's ranks may agree (the rendezvous's option)",
+    )
     parser.add_argument("--busy-poll-us", type=int, default=None, help="every node's (default: theirs)")
     parser.add_argument("--window", type=int, default=None)
     parser.add_argument(
@@ -348,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         heartbeat_ms=20_000,
         quic_backend=args.quic_backend,
         chunk_elements=args.chunk_elements,
+        scaled_chunk_elements=args.scaled_chunk_elements,
         window=args.window,
         busy_poll_us=args.busy_poll_us,
         nodes_from=args.nodes_from,

@@ -420,6 +420,9 @@ class CcoSettings:
 
     max_datagram_size: int | None = None
     chunk_elements: int | None = None
+    scaled_chunk_elements: int | None = None
+    """The group's limit for a block-scaled operation's agreed chunk size (the
+    rendezvous's ``--scaled-chunk-elements``)."""
     window: int | None = None
     operation_timeout_ms: int | None = None
     heartbeat_ms: int | None = None
@@ -451,6 +454,7 @@ class CcoSettings:
 
     def rendezvous_args(self) -> list[str]:
         args = _flag("chunk-elements", self.chunk_elements) + _flag("window", self.window)
+        args += _flag("scaled-chunk-elements", self.scaled_chunk_elements)
         args += _flag("heartbeat-ms", self.heartbeat_ms)
         return args + _flag("operation-timeout-ms", self.operation_timeout_ms)
 
