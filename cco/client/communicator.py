@@ -70,6 +70,7 @@ class Communicator:
         self._fallback: NodeService | None = None  # the aggregator this endpoint runs, if any
         self._redial: asyncio.Task[None] | None = None  # dials a lost rendezvous again
         self._starting: asyncio.Task[None] | None = None  # the last start still preparing off the loop
+        self._last_chunk_elements: int | None = None
 
     @classmethod
     async def join(
@@ -200,6 +201,15 @@ class Communicator:
     @property
     def epoch(self) -> int:
         return self._machine.epoch
+
+    @property
+    def last_chunk_elements(self) -> int | None:
+        """How many wire integers each chunk of the collective that completed last held
+        (None before the first).  A float SUM or AVG agrees its chunk size with the
+        other ranks call by call (docs/tuning.md), so this is how a benchmark tells
+        which size a call ran with; other calls use the group's ``chunk_elements``.
+        With several calls in flight it is the last one to complete."""
+        return self._last_chunk_elements
 
     # --- collectives ---------------------------------------------------------------
     #
@@ -423,6 +433,7 @@ class Communicator:
                     CcoError(command.code, f"group {command.group_id.hex()}: {command.detail}")
                 )
         elif isinstance(command, OperationCompleted):
+            self._last_chunk_elements = command.chunk_elements
             partial = self._partial.pop(command.op_id, None)
             if partial is not None and not partial.done():
                 assert command.contributors is not None

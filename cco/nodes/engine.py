@@ -445,9 +445,10 @@ class OperationEngine:
             if op.scaling is not None and op.first_sent is not None:
                 self.goodput.observe(op.total * op.scaling.width, now - op.first_sent)
         self._apply(op, OperationEvent.LAST_CHUNK)
-        if isinstance(op, DataOperation):
-            self._end_passes(op)  # a presence pass run again may still wait: it decides nothing
-        return [OperationCompleted(op.op_id, result, op.listed)]
+        if not isinstance(op, DataOperation):
+            return [OperationCompleted(op.op_id, result, op.listed, op.chunk_elements)]
+        self._end_passes(op)  # a presence pass run again may still wait: it decides nothing
+        return [OperationCompleted(op.op_id, result, op.listed, op.chunk_elements, op.chunk_agreement())]
 
     # --- ending ---------------------------------------------------------------
 
