@@ -312,7 +312,9 @@ class OperationEngine:
             if kept is None or kept.epoch >= request.epoch:
                 continue
             header = dataclasses.replace(payload.ChunkHeader.of(kept), epoch=request.epoch)
-            values = unpack(kept.payload, kept.width).astype(np.int64)
+            values = unpack(kept.payload, kept.width)  # a fixed width (block-scaled): sealed as it is
+            if header.width is None:  # the smallest width its integers fit: seal takes them as int64
+                values = values.astype(np.int64)
             again = payload.seal(membership.keys, header, membership.rank, values, type(kept))
             out.append(SendMessage(parent, again))
         return out
