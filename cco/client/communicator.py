@@ -354,7 +354,8 @@ class Communicator:
         Keywords are those of :class:`CollectiveRequest`: ``timeout`` (seconds), ``out``
         (an array or tensor of the result's shape and dtype to write it to, reused call
         after call instead of a new array each time; the result returned is then a
-        numpy view of it), and for float SUM and AVG ``width``,
+        numpy view of it; after a failed call it holds part of the result, part of what
+        it held: :class:`CollectiveRequest`), and for float SUM and AVG ``width``,
         the bits per element on the wire (8, 16, 32 or 64; default: the group's
         ``float_width``, else the dtype's own); and ``nonfinite`` (:data:`NonFinite`).
         Floats in sums of
