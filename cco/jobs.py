@@ -205,7 +205,9 @@ async def _allreduce_rounds(
     A strict run ends with a barrier, not timed, before its results are hashed and
     reported (see the comment there).
 
-    Each record also has ``started``, the call's time on ``time.monotonic()`` (on
+    Each record also has ``chunk_elements``, the chunk size the call ran with (a float
+    sum's ranks agree it call by call: :attr:`Communicator.last_chunk_elements`), and
+    ``started``, the call's time on ``time.monotonic()`` (on
     Linux the system-wide CLOCK_MONOTONIC), so that the ranks' records of one host can
     be lined up: when the last rank called, and when the last one had its result.
     """
@@ -252,6 +254,7 @@ async def _allreduce_rounds(
             "bytes": data.nbytes,
             "sha256": digest,
             "workload_cpu_seconds": workload_cpu,
+            "chunk_elements": comm.last_chunk_elements,
         }
         if contributors is not None:
             record["contributors"] = contributors

@@ -19,7 +19,9 @@ trust there.
 
 Also prints the MB each node moved per CPU second over the rounds after the first
 (``cputrace.py``: start-up and joining left out), the aggregator's N x S in plus
-N x S out per round and an endpoint's S up plus S down, the figures of issue 40.
+N x S out per round and an endpoint's S up plus S down, the figures of issue 40, and
+the chunk size each round ran with (the ranks of a float sum agree it call by call,
+and a chunk's fixed cost is what larger chunks save).
 
     python benchmarks/probes/profile_star.py --rate-mbit unshaped --gro off
     python benchmarks/probes/profile_star.py --rate-mbit 400 --rounds 3 --top 25
@@ -397,15 +399,18 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     result = outcome["run"]
     rounds = result.round_seconds()
+    chunks = [sorted({c for c in ranks if c is not None}) for ranks in result.chunk_elements()]
     summary: dict[str, Any] = {
         "network": label,
         "round_seconds": rounds,
+        "round_chunk_elements": chunks,
         "bit_identical": result.bit_identical(),
         "endpoint_cpu_seconds": result.cpu_seconds,
     }
     print(
         f"{label}: rounds {', '.join(f'{s:.2f}' for s in rounds)} s, bit-identical {result.bit_identical()}"
     )
+    print(f"chunk elements by round: {', '.join('/'.join(map(str, c)) or '?' for c in chunks)}")
     print(f"endpoints' whole-process CPU: {', '.join(f'{c:.2f}' for c in result.cpu_seconds)} s")
     cpu = result.rounds_cpu(1)
     if cpu is not None:

@@ -518,6 +518,12 @@ class EndpointRun:
         rounds = len(self.reports[0]["rounds"])
         return [max(r["rounds"][i]["seconds"] for r in self.reports) for i in range(rounds)]
 
+    def chunk_elements(self) -> list[list[int | None]]:
+        """Each round's chunk size, by rank: what the ranks of a float sum agreed (the
+        same on every rank), or None where the endpoint did not report it."""
+        rounds = len(self.reports[0]["rounds"])
+        return [[r["rounds"][i].get("chunk_elements") for r in self.reports] for i in range(rounds)]
+
     def from_last_call(self) -> list[float]:
         """Each round's time from the last rank's call to the last rank's result.
 

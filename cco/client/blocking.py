@@ -124,6 +124,11 @@ class BlockingCommunicator:
     def members(self) -> frozenset[int]:
         return self._comm.members
 
+    @property
+    def last_chunk_elements(self) -> int | None:
+        """See :attr:`Communicator.last_chunk_elements`."""
+        return self._comm.last_chunk_elements
+
     def accept_membership(self) -> frozenset[int]:
         """See :meth:`Communicator.accept_membership`."""
         return self._call(_on_loop(self._comm.accept_membership))

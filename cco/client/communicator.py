@@ -70,6 +70,7 @@ class Communicator:
         self._fallback: NodeService | None = None  # the aggregator this endpoint runs, if any
         self._redial: asyncio.Task[None] | None = None  # dials a lost rendezvous again
         self._starting: asyncio.Task[None] | None = None  # the last start still preparing off the loop
+        self._last_chunk_elements: int | None = None
 
     @classmethod
     async def join(
@@ -200,6 +201,15 @@ class Communicator:
     @property
     def epoch(self) -> int:
         return self._machine.epoch
+
+    @property
+    def last_chunk_elements(self) -> int | None:
+        """How many wire integers each chunk of the collective that completed last held
+        (None before the first).  A float SUM or AVG agrees its chunk size with the
+        other ranks call by call (docs/tuning.md), so this is how a benchmark tells
+        which size a call ran with; other calls use the group's ``chunk_elements``.
+        With several calls in flight it is the last one to complete."""
+        return self._last_chunk_elements
 
     # --- collectives ---------------------------------------------------------------
     #
@@ -344,7 +354,8 @@ class Communicator:
         Keywords are those of :class:`CollectiveRequest`: ``timeout`` (seconds), ``out``
         (an array or tensor of the result's shape and dtype to write it to, reused call
         after call instead of a new array each time; the result returned is then a
-        numpy view of it), and for float SUM and AVG ``width``,
+        numpy view of it; after a failed call it holds part of the result, part of what
+        it held: :class:`CollectiveRequest`), and for float SUM and AVG ``width``,
         the bits per element on the wire (8, 16, 32 or 64; default: the group's
         ``float_width``, else the dtype's own); and ``nonfinite`` (:data:`NonFinite`).
         Floats in sums of
@@ -423,6 +434,7 @@ class Communicator:
                     CcoError(command.code, f"group {command.group_id.hex()}: {command.detail}")
                 )
         elif isinstance(command, OperationCompleted):
+            self._last_chunk_elements = command.chunk_elements
             partial = self._partial.pop(command.op_id, None)
             if partial is not None and not partial.done():
                 assert command.contributors is not None

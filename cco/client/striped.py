@@ -229,6 +229,12 @@ class StripedCommunicator:
         """Stripe 0's epoch (each stripe's group counts its own: see :attr:`stripes`)."""
         return self._stripes[0].epoch
 
+    @property
+    def last_chunk_elements(self) -> int | None:
+        """Stripe 0's :attr:`Communicator.last_chunk_elements` (each stripe's group
+        agrees its own: :attr:`stripes` has the others)."""
+        return self._stripes[0].last_chunk_elements
+
     def accept_membership(self) -> frozenset[int]:
         """See :meth:`Communicator.accept_membership`; refused with more than one stripe
         (the stripes' groups learn of a loss each in its own time)."""

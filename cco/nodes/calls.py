@@ -86,8 +86,12 @@ class CollectiveRequest:
     it.  A loop that reuses one ``out`` skips a new array per call, whose first
     writes fault in fresh memory, a large part of a large all-reduce's CPU
     (``benchmarks/bench_allreduce.py`` measures it).  A rank that gets no result
-    (REDUCE, not the root) leaves it untouched; if the collective fails, its
-    contents are unspecified.
+    (REDUCE, not the root) leaves it untouched.  If the collective fails, ``out``
+    holds no result: its contents are unspecified (chunks verified before the
+    failure hold their part of the result, a chunk that failed to decode may hold
+    anything, the others what they held before), as with MPI and torch.distributed.
+    Keeping it whole would take a second result-sized buffer on every call; ``array``
+    is only read, so calling again with the same arrays gets the whole result.
 
     ``timeout`` in seconds bounds the whole operation.  None (the default) is a
     watchdog instead: the operation fails when none of its chunks completes for the

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cco.nodes.chunking import agreed_chunk_elements
+from cco.nodes.events import ChunkAgreement
 from cco.nodes.operation import WireOperation
 from cco.wire import blockscale
 from cco.wire.codec import decode_values, encode_range, wire_length
@@ -98,6 +99,15 @@ class DataOperation(WireOperation):
         )
         if chunk_elements != self.chunk_elements:
             self.size(self.total, chunk_elements, self.members)
+
+    def chunk_agreement(self) -> ChunkAgreement | None:
+        """How its data was cut, once its scale pass agreed (block-scaled only)."""
+        scaling = self.scaling
+        if scaling is None or scaling.agreed is None:
+            return None
+        planned = scaling.planned_chunk_elements
+        proposed = agreed_chunk_elements(planned, scaling.chunk_proposal, scaling.block_elements)
+        return ChunkAgreement(planned=planned, agreed=self.chunk_elements, proposed=proposed)
 
     def _header(self, group_id: bytes, index: int, epoch: int) -> ChunkHeader:
         header = super(DataOperation, self)._header(group_id, index, epoch)

@@ -312,7 +312,9 @@ class OperationEngine:
             if kept is None or kept.epoch >= request.epoch:
                 continue
             header = dataclasses.replace(payload.ChunkHeader.of(kept), epoch=request.epoch)
-            values = unpack(kept.payload, kept.width).astype(np.int64)
+            values = unpack(kept.payload, kept.width)  # a fixed width (block-scaled): sealed as it is
+            if header.width is None:  # the smallest width its integers fit: seal takes them as int64
+                values = values.astype(np.int64)
             again = payload.seal(membership.keys, header, membership.rank, values, type(kept))
             out.append(SendMessage(parent, again))
         return out
@@ -445,9 +447,10 @@ class OperationEngine:
             if op.scaling is not None and op.first_sent is not None:
                 self.goodput.observe(op.total * op.scaling.width, now - op.first_sent)
         self._apply(op, OperationEvent.LAST_CHUNK)
-        if isinstance(op, DataOperation):
-            self._end_passes(op)  # a presence pass run again may still wait: it decides nothing
-        return [OperationCompleted(op.op_id, result, op.listed)]
+        if not isinstance(op, DataOperation):
+            return [OperationCompleted(op.op_id, result, op.listed, op.chunk_elements)]
+        self._end_passes(op)  # a presence pass run again may still wait: it decides nothing
+        return [OperationCompleted(op.op_id, result, op.listed, op.chunk_elements, op.chunk_agreement())]
 
     # --- ending ---------------------------------------------------------------
 

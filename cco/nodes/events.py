@@ -136,12 +136,27 @@ class JoinFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class ChunkAgreement:
+    """How a block-scaled operation's data was cut, in elements per chunk: as planned
+    (the group's chunk_elements when the call started), as its ranks agreed in its
+    scale pass (the smallest proposal, :mod:`cco.nodes.chunking`), and as this rank
+    proposed.  What a chunk costs each node depends on its size, so this is what tells
+    an operator or a benchmark why the CPU per byte of a run moved."""
+
+    planned: int
+    agreed: int
+    proposed: int
+
+
+@dataclass(frozen=True, slots=True)
 class OperationCompleted:
     """Endpoint only: an operation finished and its result passed verification."""
 
     op_id: int
     result: np.ndarray | None  # None for barrier and for non-root ranks of reduce
     contributors: frozenset[int] | None = None  # the ranks a quorum ALL_REDUCE ran over
+    chunk_elements: int = 0  # wire integers per chunk of its data, as it was cut
+    agreement: ChunkAgreement | None = None  # a block-scaled operation's (float SUM, AVG)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +205,7 @@ Command = (
 )
 
 __all__ = [
+    "ChunkAgreement",
     "ClosePeer",
     "Command",
     "ConnectTo",

@@ -11,6 +11,9 @@ What is counted, and where it comes from:
 * ``cco_chunk_seconds`` and ``cco_operation_seconds{kind}``: histograms, from a
   chunk's first message here to its completion here, and from an operation's first
   chunk to its end;
+* ``cco_agreed_chunk_elements``: a histogram of the chunk size, in elements, each
+  block-scaled operation (float SUM, AVG) an endpoint completed was cut at, as its
+  ranks agreed in its scale pass;
 * ``cco_retransmit_requests_total{way}``: RetransmitRequests sent or received;
 * ``cco_verification_failures_total{kind}``: results an endpoint refused and parts an
   aggregator refused, by error code (VERIFICATION_FAILED, OVERFLOW,
@@ -67,6 +70,8 @@ VERIFICATION_CODES = frozenset(
 )
 CHUNK_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 OPERATION_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+CHUNK_ELEMENT_BUCKETS = tuple(float(1 << bits) for bits in range(10, 21))
+"""Powers of two: a rank proposes its group's chunk size doubled a whole number of times."""
 MAX_TRACKED = 4096
 """Open operations and chunks timed at once; beyond that the oldest are no longer timed."""
 
@@ -108,6 +113,12 @@ class NodeMetrics:
             "From an operation's first chunk at this node to its end here",
             ["kind"],
             buckets=OPERATION_BUCKETS,
+            registry=registry,
+        )
+        self.agreed_chunk_elements = Histogram(
+            "cco_agreed_chunk_elements",
+            "Elements per chunk of each block-scaled operation completed here, as its ranks agreed",
+            buckets=CHUNK_ELEMENT_BUCKETS,
             registry=registry,
         )
         self.retransmit_requests = Counter(
@@ -187,6 +198,8 @@ class NodeMetrics:
             operation = self._operations.pop(key, None) if key is not None else None
             if isinstance(command, OperationFailed) and command.error.code in VERIFICATION_CODES:
                 self.verification_failures.labels(command.error.code.name.lower()).inc()
+            if isinstance(command, OperationCompleted) and command.agreement is not None:
+                self.agreed_chunk_elements.observe(command.agreement.agreed)
             if operation is not None:
                 self._forget_chunks(operation)
                 outcome = "completed" if isinstance(command, OperationCompleted) else "failed"

@@ -30,6 +30,7 @@ from cco.nodes.events import (
     Input,
     MessageMalformed,
     MessageReceived,
+    OperationCompleted,
     PeerConnected,
     PeerDisconnected,
     PeerId,
@@ -38,7 +39,7 @@ from cco.nodes.events import (
     TimerFired,
 )
 from cco.services.recorder import DEFAULT_ENTRIES, Recorder
-from cco.services.reports import log_report
+from cco.services.reports import log_agreement, log_report
 from cco.transport.peerlink import LinkClosed, PeerLink
 from cco.wire.errors import CcoError, ErrorCode
 from cco.wire.fields import ranks_from_bitmap
@@ -264,6 +265,8 @@ class MachineRunner:
             if self.metrics is not None:
                 self.metrics.report(command)
         else:
+            if isinstance(command, OperationCompleted):
+                log_agreement(command)
             now = self.clock()
             self.recorder.command(command, now)
             if self.metrics is not None:

@@ -17,6 +17,13 @@ gather, scatter) fail at the call, naming themselves.
 Floats in SUM and AVG go at the group's width (:class:`~cco.torch.options.Options`),
 exact and bit-identical on every rank, within the bound of :mod:`cco.wire.blockscale`.
 Inf and NaN follow ``Options.nonfinite``.
+
+A collective that fails raises from ``wait()`` (and its future).  An in-place
+reduction (``allreduce``, ``reduce`` at the root, the DDP hook) then leaves each
+tensor holding its input, as before the call, so that calling again reduces the
+same values; the output tensors of the other collectives (``broadcast`` at a
+receiver, the gathers, ``reduce_scatter``) hold unspecified values, some parts of
+the result and some of what they held, while their inputs are only read.
 """
 
 from __future__ import annotations
@@ -129,18 +136,21 @@ class ProcessGroupCCO(dist.ProcessGroup):
         parts: Sequence[concurrent.futures.Future[Any]],
         value: Any,
         finish: Callable[[], None] = lambda: None,
+        undo: Callable[[], None] = lambda: None,
     ) -> Work:
-        return Work(self._future(parts, value, finish))
+        return Work(self._future(parts, value, finish, undo))
 
     def _future(
         self,
         parts: Sequence[concurrent.futures.Future[Any]],
         value: Any,
         finish: Callable[[], None] = lambda: None,
+        undo: Callable[[], None] = lambda: None,
     ) -> torch.futures.Future[Any]:
         """A future that completes when every part has: ``finish`` (copies into outputs)
         runs on the group's completion thread (never on the session's event loop),
-        then the future holds ``value``, or the first failure."""
+        then the future holds ``value``; or, once no part writes any more, ``undo``
+        (puts in-place tensors' inputs back) and the first failure."""
         future: torch.futures.Future[Any] = torch.futures.Future()
         remaining = [len(parts)]
         lock = threading.Lock()
@@ -151,6 +161,7 @@ class ProcessGroupCCO(dist.ProcessGroup):
                     part.result()
                 finish()
             except BaseException as error:
+                undo()
                 future.set_exception(error)
             else:
                 future.set_result(value)
@@ -194,7 +205,7 @@ class ProcessGroupCCO(dist.ProcessGroup):
         self, tensor: torch.Tensor, op: ReduceOp, timeout: float | None
     ) -> tuple[concurrent.futures.Future[Any], Reduction]:
         source, dtype = tensors.reduction_input(tensor, op, "allreduce", copy=True)
-        plan = tensors.into(tensor, source, dtype, tuple(source.shape))
+        plan = tensors.into(tensor, source, dtype, tuple(source.shape), in_place=True)
         return self._reduce(Collective.ALL_REDUCE, plan, op, timeout=timeout), plan
 
     def allreduce_future(
@@ -204,15 +215,19 @@ class ProcessGroupCCO(dist.ProcessGroup):
         group's width: the future holds ``tensor`` once the result is in it (the DDP
         hook's entry, :mod:`cco.torch.hooks`)."""
         source, dtype = tensors.reduction_input(tensor, op, "allreduce", copy=True)
-        plan = tensors.into(tensor, source, dtype, tuple(source.shape))
+        plan = tensors.into(tensor, source, dtype, tuple(source.shape), in_place=True)
         part = self._reduce(Collective.ALL_REDUCE, plan, op, width=width, nonfinite=nonfinite)
-        return self._future([part], tensor, plan.finish)
+        return self._future([part], tensor, plan.finish, plan.restore)
 
     def allreduce(self, tensors_: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]  # the form torch's C++ calls
         op, timeout = _op(opts), _timeout(opts)
         started = [self._allreduce_tensor(t, op, timeout) for t in _one_or_more(tensors_, "allreduce")]
+        plans = [plan for _, plan in started]
         return self._work(
-            [part for part, _ in started], tensors_, _in_turn([plan.finish for _, plan in started])
+            [part for part, _ in started],
+            tensors_,
+            _in_turn([plan.finish for plan in plans]),
+            _in_turn([plan.restore for plan in plans]),
         )
 
     def allreduce_coalesced(self, tensors_: list[torch.Tensor], opts: Any = None) -> Work:
@@ -226,12 +241,12 @@ class ProcessGroupCCO(dist.ProcessGroup):
         mine = root == self.rank()
         source, dtype = tensors.reduction_input(tensor, op, "reduce", copy=mine)
         plan = (
-            tensors.into(tensor, source, dtype, tuple(source.shape))
+            tensors.into(tensor, source, dtype, tuple(source.shape), in_place=True)
             if mine
             else Reduction(source, dtype, None, None)
         )
         part = self._reduce(Collective.REDUCE, plan, op, root, _timeout(opts))
-        return self._work([part], tensors_, plan.finish)
+        return self._work([part], tensors_, plan.finish, plan.restore)
 
     # --- broadcast -------------------------------------------------------------------
 

@@ -107,10 +107,22 @@ class Reduction:
     dtype: DType | None  # BFLOAT16 for a widened bfloat16 tensor; else the array's own
     out: np.ndarray | None
     target: torch.Tensor | None  # a tensor ``out`` is copied to when the result is in
+    in_place: bool = False  # ``out`` is the memory of the tensor ``source`` is a copy of
 
     def finish(self) -> None:
         if self.target is not None and self.out is not None:
             self.target.copy_(torch.from_numpy(self.out).view(self.target.shape))
+
+    def restore(self) -> None:
+        """After a failed call: an in-place reduction's tensor holds its input again.
+
+        Its chunks decode straight into the tensor as they are verified, so a call
+        that fails midway leaves it part result, part input; its input is still whole
+        in ``source``, so putting it back costs only the failed call, and calling
+        again reduces what the caller passed.  (A bfloat16 tensor receives nothing
+        until the whole result is in: it is untouched.)"""
+        if self.in_place and self.target is None and self.out is not None:
+            np.copyto(self.out, self.source.reshape(self.out.shape))
 
 
 def reduction_input(
@@ -134,9 +146,17 @@ def reduction_input(
     return (array.copy() if copy else array), None
 
 
-def into(tensor: torch.Tensor, source: np.ndarray, dtype: DType | None, shape: tuple[int, ...]) -> Reduction:
+def into(
+    tensor: torch.Tensor,
+    source: np.ndarray,
+    dtype: DType | None,
+    shape: tuple[int, ...],
+    *,
+    in_place: bool = False,
+) -> Reduction:
     """A reduction whose result (of ``shape``) lands in ``tensor``: straight into its
-    memory, or through a float32 array for bfloat16."""
+    memory, or through a float32 array for bfloat16.  ``in_place``: ``source`` is a
+    copy of ``tensor`` (:meth:`Reduction.restore` puts it back after a failure)."""
     if tensor.dtype is torch.bfloat16:
         return Reduction(source, dtype, np.empty(shape, dtype=np.float32), tensor)
-    return Reduction(source, dtype, moved(tensor).reshape(shape), None)
+    return Reduction(source, dtype, moved(tensor).reshape(shape), None, in_place)

@@ -29,12 +29,14 @@ class SummingComm:
         self.rank = rank
         self.world_size = world
         self.calls = 0
+        self.last_chunk_elements: int | None = None
 
     async def all_reduce(
         self, data: np.ndarray, op: ReduceOp, *, width: int | None, out: np.ndarray
     ) -> np.ndarray:
         assert op is ReduceOp.SUM
         self.calls += 1
+        self.last_chunk_elements = 1024 << self.calls  # as if each call agreed a larger size
         np.copyto(out, data * self.world_size)
         return out
 
@@ -79,6 +81,7 @@ def check_records(summary: dict[str, Any], elements: int, rounds: int) -> None:
         expected = make_input(jobs.WORKLOAD_SEED, index, 1, DType.FLOAT32, elements) * 3
         assert record["sha256"] == hashlib.sha256(expected.tobytes()).hexdigest()
         assert record["bytes"] == 4 * elements
+        assert record["chunk_elements"] == 1024 << (index + 1)  # each call's own
 
 
 @pytest.mark.parametrize("elements", [2, jobs.PREDRAWN_BYTES // 4 // 3])

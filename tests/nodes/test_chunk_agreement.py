@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from cco.nodes.calls import CollectiveRequest
-from cco.nodes.events import OperationCompleted
+from cco.nodes.events import ChunkAgreement, OperationCompleted
 from cco.nodes.rendezvous_config import DEFAULT_PARAMS
 from cco.nodes.sim import Deployment, GroupSpec, build_cluster
 from cco.wire.messages import Contribution, Result
@@ -88,6 +88,29 @@ def test_the_ranks_cut_the_data_at_the_smallest_proposal(goodputs: list[float | 
     for result in results:
         np.testing.assert_array_equal(result, expected)
     assert data_chunk_sizes(cluster) == {"up": {agreed}, "down": {agreed}, "scale pass": {BASE}}
+
+
+def test_each_rank_reports_the_planned_agreed_and_proposed_chunk_sizes() -> None:
+    """With the results, as data for its service: the size its data was cut at, the
+    one planned, and this rank's own proposal (the slowest rank's is the agreed one)."""
+    cluster = deployment()
+    set_goodput(cluster, [FAST, 10e6, FAST, FAST])
+    requests = {
+        rank: CollectiveRequest(kind=Collective.ALL_REDUCE, op=ReduceOp.SUM, array=x)
+        for rank, x in enumerate(inputs())
+    }
+    outcomes = cluster.collective(GROUP, requests)
+    proposed = [LARGEST, 2 * BASE, LARGEST, LARGEST]
+    for rank in range(RANKS):
+        outcome = outcomes[rank]
+        assert isinstance(outcome, OperationCompleted), outcome
+        assert outcome.chunk_elements == 2 * BASE
+        assert outcome.agreement == ChunkAgreement(planned=BASE, agreed=2 * BASE, proposed=proposed[rank])
+    ones = np.ones(9, np.int32)
+    ints = {rank: CollectiveRequest(kind=Collective.ALL_REDUCE, array=ones) for rank in range(RANKS)}
+    for outcome in cluster.collective(GROUP, ints).values():
+        assert isinstance(outcome, OperationCompleted)
+        assert outcome.agreement is None and outcome.chunk_elements == BASE  # no scale pass
 
 
 def test_a_rank_measures_its_goodput_from_its_operations() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 from endpoint_rig import (
     GROUP,
     KEYS,
@@ -17,6 +18,7 @@ from endpoint_rig import (
     RANK,
     WORLD,
     Rig,
+    after_the_scale_pass,
     failures,
     int_request,
     joined,
@@ -24,15 +26,17 @@ from endpoint_rig import (
     result_for,
     sent,
     tree,
+    tree_result,
 )
 
+from cco.nodes.calls import CollectiveRequest
 from cco.nodes.endpoint_states import OperationState, SessionState
 from cco.nodes.events import Command, ConnectTo, OperationCompleted, PeerConnected, PeerDisconnected
 from cco.wire import payload
 from cco.wire.errors import ErrorCode
 from cco.wire.fields import bitmap_from_ranks
 from cco.wire.messages import Abort, Contribution, EpochChange, RetransmitRequest
-from cco.wire.registries import Role
+from cco.wire.registries import Collective, Role
 
 EVERYONE = bitmap_from_ranks(range(WORLD))
 
@@ -155,3 +159,37 @@ def test_only_a_completed_operations_chunks_are_sealed_again_with_every_identify
     assert again.members == EVERYONE
     ask_failed = dataclasses.replace(ask, op_id=failed)
     assert chunk.op_id == failed and sent(rig.from_parent(ask_failed), rig.parent) == []
+
+
+def test_a_block_scaled_chunk_is_sealed_again_byte_for_byte(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A completed float SUM's kept chunk goes out again with the payload it first
+    had: its fixed-width integers as they are, not widened to int64 and narrowed again."""
+    rig = joined()
+    data = np.linspace(-3.0, 3.0, 20, dtype=np.float32)  # five chunks of 16-bit integers
+    op_id, out = rig.start(CollectiveRequest(kind=Collective.ALL_REDUCE, array=data, width=16))
+    others = {r: np.zeros(0) for r in range(WORLD) if r != RANK}
+    chunks, first, done = after_the_scale_pass(rig, out), {}, []
+    while chunks:
+        chunk = chunks.pop(0)
+        first[chunk.chunk_index] = chunk
+        out = rig.from_parent(tree_result(chunk, others))
+        chunks += sent(out, rig.parent, Contribution)
+        done += completed(out)
+    assert [c.op_id for c in done] == [op_id] and sorted(first) == [0, 1, 2, 3, 4]
+    replanned(rig, 2)
+    widths: list[np.dtype] = []
+    seal = payload.seal
+
+    def noting(*args: object, **kwargs: object) -> object:
+        widths.append(np.asarray(args[3]).dtype)
+        return seal(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(payload, "seal", noting)
+    ask = RetransmitRequest(group_id=GROUP, epoch=2, op_id=op_id, chunks=(3, 4))
+    again = sent(rig.from_parent(ask), rig.parent, Contribution)
+    assert [c.chunk_index for c in again] == [3, 4] and widths == [np.dtype("<i2")] * 2
+    for chunk in again:
+        original = first[chunk.chunk_index]
+        assert chunk.width == original.width == 2 and chunk.payload == original.payload
+        assert payload.ChunkHeader.of(chunk) == dataclasses.replace(payload.ChunkHeader.of(original), epoch=2)
+        assert chunk.tag != original.tag  # tagged under the new epoch's chunk id

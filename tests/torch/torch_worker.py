@@ -371,6 +371,18 @@ def phase_ops(checks: Checks, args: argparse.Namespace) -> None:
     checks.run("MAX with inf on one rank: exact", lambda: nonfinite(max_, math.inf))
     checks.run("MAX with NaN on one rank: NaN on every rank", lambda: nonfinite(max_, math.nan))
 
+    def failed_in_place() -> tuple[bool, str]:
+        mine = torch.ones(3000, dtype=torch.float16)
+        mine[1024:1536] = 60000  # summed over the ranks: past float16's range
+        ours = mine.clone()
+        try:
+            dist.all_reduce(ours)
+        except Exception as exc:  # the call fails; the tensor holds its input again
+            return "OVERFLOW" in str(exc) and torch.equal(ours, mine), str(exc)
+        return False, "did not fail"
+
+    checks.run("a failed in-place all_reduce leaves its input", failed_in_place)
+
     def refused(name: str, call: Callable[[], object]) -> tuple[bool, str]:
         try:
             call()
