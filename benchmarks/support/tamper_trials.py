@@ -294,8 +294,10 @@ def run_trials(attack: str, trials: int, workdir: Path, seed: int = 41) -> Trial
     nodes = TamperCluster(workdir, attack, seed, trials)
     handler = logging.FileHandler(workdir / "endpoints.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-    logging.getLogger("cco").addHandler(handler)
-    logging.getLogger("cco").setLevel(logging.INFO)
+    logger = logging.getLogger("cco")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
     source: list[BlockingCommunicator] = []
     try:
         rendezvous = f"{HOST}:{nodes.port}"
@@ -327,7 +329,8 @@ def run_trials(attack: str, trials: int, workdir: Path, seed: int = 41) -> Trial
     finally:
         close_all(source)
         nodes.close()
-        logging.getLogger("cco").removeHandler(handler)
+        logger.removeHandler(handler)
+        logger.setLevel(level)  # as it was: the hostile e2e tests run the trials in the suite's process
         handler.close()
     outcome.seconds = time.monotonic() - started
     return outcome
