@@ -59,9 +59,8 @@ def histogram(address: tuple[str, int]) -> dict[str, float]:
 
 def test_an_agreed_chunk_size_is_logged_counted_and_read_by_the_client(pki: Path) -> None:
     stream = io.StringIO()
-    levels = {name: logging.getLogger(name).level for name in ("", QUIC_LOGGER, "cco.node")}
+    levels = {name: logging.getLogger(name).level for name in ("", QUIC_LOGGER)}
     configure_logging("debug", "json", stream)
-    logging.getLogger("cco.node").setLevel(logging.DEBUG)  # whatever an earlier test left on "cco"
     seen: dict[str, object] = {}
 
     async def whole() -> None:
