@@ -147,13 +147,14 @@ def _leaf(args: argparse.Namespace) -> None:
             if round_index == 1:
                 cpu = time.process_time()
             start = time.perf_counter()
-            sent = 0
-            for sent in range(min(args.window, chunks)):
-                link.send(messages[sent])
-            link.flush()
             sent = min(args.window, chunks)
-            for _ in range(chunks):
-                await link.receive()
+            for message in messages[:sent]:
+                link.send(message)
+            link.flush()
+            for expected in range(chunks):
+                answer = await link.receive()
+                if not isinstance(answer, Contribution) or answer.chunk_index != expected:
+                    raise RuntimeError(f"expected the answer to chunk {expected}, got {answer!r:.80}")
                 if sent < chunks:
                     link.send(messages[sent])
                     link.flush()
@@ -249,6 +250,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--gro", choices=("on", "off"), default="on")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    if args.rounds < 2 or args.window < 1 or not 4 <= args.chunk_bytes <= args.bytes:
+        parser.error(
+            "needs --rounds >= 2 (the first is not measured), --window >= 1, 4 <= --chunk-bytes <= --bytes"
+        )
     if reason := netns.unavailable_reason():
         print(f"cannot build the star: {reason}", file=sys.stderr)
         return 2

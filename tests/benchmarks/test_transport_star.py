@@ -1,5 +1,6 @@
 """benchmarks/probes/transport_star.py: a short run on a shaped star moves every round's
-chunks up each link and the answers down it, and reports the CPU of every process."""
+chunks up each link and the answers down it, in order, and reports the CPU of every
+process; settings it cannot measure are refused."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import transport_star  # benchmarks/ is not a package: found through the path set in pyproject.toml
 
 REASON = netns.unavailable_reason()
-pytestmark = pytest.mark.skipif(REASON is not None, reason=f"namespace testbed unavailable: {REASON}")
+needs_namespaces = pytest.mark.skipif(REASON is not None, reason=f"namespace testbed unavailable: {REASON}")
 
 ENDPOINTS = 2
 BYTES = 256 * 1024
@@ -19,6 +20,7 @@ CHUNK = 64 * 1024
 ROUNDS = 2
 
 
+@needs_namespaces
 def test_every_link_carries_the_rounds_both_ways(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "star.json"
     argv = ["--endpoints", str(ENDPOINTS), "--bytes", str(BYTES), "--chunk-bytes", str(CHUNK)]
@@ -32,3 +34,18 @@ def test_every_link_carries_the_rounds_both_ways(tmp_path: Path, capsys: pytest.
         assert link["up_bytes"] >= ROUNDS * BYTES
         assert link["down_bytes"] >= ROUNDS * BYTES
     assert "CPU s per round" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--rounds", "1"],
+        ["--window", "0"],
+        ["--chunk-bytes", "2"],
+        ["--bytes", "1024", "--chunk-bytes", "4096"],
+    ],
+)
+def test_settings_it_cannot_measure_are_refused_before_any_star_is_built(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as refused:
+        transport_star.main(argv)
+    assert refused.value.code == 2
