@@ -216,7 +216,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             reports.append(json.loads(line))
         for process in [hub, *leaves]:
             process.wait(30)
-        drops = star.link_stats()
+        links = star.link_stats()
     rounds = [max(r["round_seconds"][i] for r in reports[1:]) for i in range(args.rounds)]
     return {
         "network": f"N={args.endpoints} {args.rate_mbit} MTU {args.mtu} GRO {args.gro}",
@@ -226,7 +226,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "round_seconds": rounds,
         "hub_cpu_per_round": reports[0]["cpu_per_round"],
         "leaf_cpu_per_round": [r["cpu_per_round"] for r in reports[1:]],
-        "link_stats": drops,
+        "link_stats": links,
     }
 
 
